@@ -1,0 +1,105 @@
+"""Activation guard: proof that the candidate's path really ran, exactly where it claims.
+
+Reads the scope the candidate's kernel declares and the dispatch trace recorded during the
+correctness run. FAIL when no kernel is merged for the op, when the declared scope reaches beyond
+the task's scope (claims what was never tested), when a configuration inside the declared scope did
+not run the latency-specialized implementation, or when one outside it did.
+
+Source: issue 2 guard 3; DESIGN.md "K3 ops and the decode backend".
+"""
+
+from __future__ import annotations
+
+from guards.base import GuardContext
+from guards.verdict import Evidence, Status, Verdict
+
+LS = "latency_specialized"
+
+
+def scope_excess(claimed: dict, task_scope) -> list[str]:
+    """Ways the claimed scope exceeds the task's declared scope (empty list: it fits)."""
+    out = []
+    for field, allowed in (("devices", task_scope.devices), ("phases", task_scope.phases),
+                           ("tp_sizes", task_scope.tp_sizes), ("dtypes", task_scope.dtypes)):
+        extra = sorted(set(claimed.get(field, ())) - set(allowed))
+        if extra:
+            out.append(f"{field} {extra} not in the task's {list(allowed)}")
+    if claimed.get("batch_min", 1) < task_scope.batch_min or claimed.get("batch_max", 0) > task_scope.batch_max:
+        out.append(
+            f"batch [{claimed.get('batch_min')}, {claimed.get('batch_max')}] exceeds the task's "
+            f"[{task_scope.batch_min}, {task_scope.batch_max}]"
+        )
+    return out
+
+
+def claims(claimed: dict, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1) -> bool:
+    """Whether a configuration lies inside a claimed scope (same rule as the dispatcher)."""
+    return (
+        phase in claimed.get("phases", ())
+        and claimed.get("batch_min", 1) <= batch <= claimed.get("batch_max", 0)
+        and device in claimed.get("devices", ())
+        and dtype in claimed.get("dtypes", ())
+        and tp in claimed.get("tp_sizes", ())
+    )
+
+
+class ActivationGuard:
+    """Checks the recorded dispatch decisions against the declared scope."""
+
+    name = "activation"
+
+    def check(self, ctx: GuardContext) -> Verdict:
+        task = ctx.task
+        if "cases" not in ctx.artifacts:
+            raise RuntimeError("activation guard needs the correctness guard's trace; run correctness first")
+        claimed = ctx.artifacts.get("scope")
+        if claimed is None:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"No latency-specialized kernel is merged for op {task.op!r}: the candidate's path never runs.",
+                evidence=(Evidence(name="declared_scope", value="none", path=f"k3_model/kernels/{task.op}/"),),
+            )
+        excess = scope_excess(claimed, task.scope)
+        if excess:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"The kernel claims a scope the task does not test: {excess[0]}.",
+                evidence=tuple(Evidence(name="scope_excess", value=e) for e in excess),
+            )
+        dtype = task.inputs[task.scope.dtype_input].dtype
+        wrong, ran, expected_ls = [], 0, 0
+        for case in ctx.artifacts["cases"]:
+            batch = case["axes"][task.scope.batch_axis]
+            phase = next((c.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
+            expect = LS if claims(claimed, phase=phase, batch=batch, device=ctx.device, dtype=dtype) else "standard"
+            expected_ls += expect == LS
+            seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls
+                    if d.get("op") == task.op]
+            if not seen:
+                wrong.append((case["name"], batch, expect, "never dispatched"))
+            elif any(s != expect for s in seen):
+                wrong.append((case["name"], batch, expect, ",".join(sorted(set(seen)))))
+            elif expect == LS:
+                ran += 1
+        if expected_ls == 0:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"No tested configuration on {ctx.device} lies inside the kernel's declared scope, so its path never ran.",
+                evidence=(Evidence(name="declared_scope", value=str(claimed)), Evidence(name="device", value=ctx.device)),
+            )
+        if wrong:
+            name, batch, expect, seen = wrong[0]
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"{len(wrong)} configuration(s) ran the wrong implementation; first: {name} "
+                        f"(batch {batch}) expected {expect}, ran {seen}.",
+                evidence=tuple(Evidence(name="wrong_implementation", value=f"expected {e}, ran {s}", path=f"{n} batch={b}")
+                               for n, b, e, s in wrong[:20]),
+            )
+        return Verdict(
+            guard=self.name, status=Status.PASS,
+            summary=f"The latency-specialized path ran in all {ran} configurations inside its declared scope "
+                    f"and the standard path everywhere else.",
+            evidence=(Evidence(name="configs_latency_specialized", value=ran, unit="count"),
+                      Evidence(name="declared_scope", value=str(claimed))),
+        )

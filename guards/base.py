@@ -1,0 +1,47 @@
+"""The guard protocol and the context every guard reads.
+
+Source: DESIGN.md "Contracts" (Guard: ``check(ctx) -> Verdict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Protocol
+
+from guards.verdict import Verdict
+from workbench.taskspec import TaskSpec
+
+
+@dataclasses.dataclass
+class GuardContext:
+    """What a guard may look at.
+
+    Attributes:
+        task: the task spec, loaded from the workbench's own checkout.
+        repo_root: the workbench's own checkout (trusted code: tasks, references, guards).
+        worktree: the candidate's checkout (untrusted: only child processes import from it).
+        base_commit, candidate_commit: full SHAs; the diff between them is the candidate.
+        device: ``cpu`` or ``cuda``.
+        seed: the run-time seed (never shown to the candidate).
+        artifacts: data guards hand on to later guards and to the result file
+            (``cases``, ``scope``, ``traces``, ``perf``).
+    """
+
+    task: TaskSpec
+    repo_root: Path
+    worktree: Path
+    base_commit: str
+    candidate_commit: str
+    device: str
+    seed: int
+    artifacts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Guard(Protocol):
+    """One check of a candidate. Returns FAIL (with evidence) for a bad candidate; raises only when
+    the guard itself cannot work (the pipeline records that as ERROR)."""
+
+    name: str
+
+    def check(self, ctx: GuardContext) -> Verdict: ...

@@ -1,0 +1,137 @@
+"""Perf guard: no regression at any configuration, a real gain where the candidate claims its path.
+
+Baseline = the standard path, candidate = the dispatcher with ``decode_backend=latency_specialized``,
+same inputs, same child process, interleaved A B A B after warm-up. Per configuration: medians, a
+bootstrap interval of the speedup (baseline / candidate), and a one-sided Mann-Whitney test that the
+candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at
+``alpha``; inside the claimed scope the speedup must reach ``min_speedup`` with the interval's lower
+bound above 1. On CPU the timer is the CPU clock (the mechanism is what CI tests); on CUDA events.
+
+Source: issue 2 guard 4; kernels/stats.py for the statistics.
+"""
+
+from __future__ import annotations
+
+from guards.activation import claims
+from guards.base import GuardContext
+from guards.cases import build_case
+from guards.sandbox import run_child
+from guards.verdict import Evidence, Status, Verdict
+from kernels.stats import bootstrap_ratio_ci, mann_whitney_greater, median
+
+WALL_SLACK = 1.05
+"""Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
+
+
+def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_speedup: float,
+             confidence: float, alpha: float, seed: int = 0) -> dict:
+    """Statistics and verdict for one configuration.
+
+    Args:
+        base_us, cand_us: per-call samples (microseconds).
+        claimed: the candidate claims its path here (a gain is required).
+        max_regression_pct: tolerated slowdown (percent).
+        min_speedup: required speedup where claimed (ratio).
+        confidence: bootstrap interval level (0-1).
+        alpha: significance level of the slowdown test.
+
+    Returns:
+        dict with baseline/candidate medians (us), speedup, speedup_ci, p_slower, verdict.
+    """
+    mb, mc = median(base_us), median(cand_us)
+    speedup = mb / mc if mc > 0 else float("inf")
+    lo, hi = bootstrap_ratio_ci(base_us, cand_us, confidence=confidence, resamples=1000, seed=seed)
+    p_slower = mann_whitney_greater(cand_us, base_us)
+    if speedup < 1.0 / (1.0 + max_regression_pct / 100.0) and p_slower < alpha:
+        verdict = "regression"
+    elif claimed and not (speedup >= min_speedup and lo > 1.0):
+        verdict = "no_gain"
+    elif claimed:
+        verdict = "gain"
+    else:
+        verdict = "neutral"
+    return {"baseline_median_us": mb, "candidate_median_us": mc, "speedup": speedup,
+            "speedup_ci": (lo, hi), "p_slower": p_slower, "verdict": verdict}
+
+
+class PerfGuard:
+    """Times baseline and candidate per perf workload in one child."""
+
+    name = "perf"
+
+    def check(self, ctx: GuardContext) -> Verdict:
+        task = ctx.task
+        claimed = ctx.artifacts.get("scope")
+        if claimed is None:
+            raise RuntimeError("perf guard needs the declared scope from the correctness guard")
+        dtype = task.inputs[task.scope.dtype_input].dtype
+        cases, claimed_flags = [], {}
+        for name in task.perf.workloads:
+            w = task.workload(name)
+            c = build_case(task, w, ctx.seed)
+            cases.append(c)
+            claimed_flags[name] = claims(claimed, phase=w.phase, batch=w.axes[task.scope.batch_axis],
+                                         device=ctx.device, dtype=dtype)
+        timed = [c for c in cases if claimed_flags[c.name]]
+        results = []
+        for c in cases:
+            if not claimed_flags[c.name]:
+                results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": "standard",
+                                "baseline_us": (), "candidate_us": (), "baseline_median_us": 0.0,
+                                "candidate_median_us": 0.0, "speedup": 1.0, "speedup_ci": (1.0, 1.0),
+                                "p_slower": 1.0, "verdict": "not_claimed",
+                                "timer": "none (both sides run the standard path)"})
+        if timed:
+            request = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
+                       "decode_backend": "latency_specialized", "cases": [c.request_entry() for c in timed],
+                       "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions}}
+            outcome = run_child(ctx.worktree, request, timeout_s=task.timeouts.perf_s,
+                                memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
+            if outcome.response is None or not outcome.response.get("ok"):
+                why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
+                return Verdict(guard=self.name, status=Status.FAIL,
+                               summary=f"Timing run did not complete: {why}.",
+                               evidence=(Evidence(name="child_problem", value=why),
+                                         Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:])))
+            by_name = {p.get("name"): p for p in outcome.response.get("perf", []) if isinstance(p, dict)}
+            timer = "cuda_event" if ctx.device == "cuda" else "cpu_perf_counter"
+            for i, c in enumerate(timed):
+                p = by_name.get(c.name)
+                if p is None:
+                    raise RuntimeError(f"timing child returned nothing for {c.name}")
+                base = [float(x) for x in p["baseline_us"]]
+                cand = [float(x) for x in p["candidate_us"]]
+                impl = ",".join(sorted({d.get("implementation") for d in p.get("trace_candidate", [])})) or "none"
+                stats = classify(base, cand, claimed=True, max_regression_pct=task.perf.max_regression_pct,
+                                 min_speedup=task.perf.min_speedup, confidence=task.perf.confidence,
+                                 alpha=task.perf.alpha, seed=i)
+                if (sum(base) + sum(cand)) > float(p["wall_s"]) * 1e6 * WALL_SLACK:
+                    stats["verdict"] = "regression"
+                    impl += " (timer samples exceed the wall clock: timer tampering)"
+                results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
+                                "baseline_us": tuple(base), "candidate_us": tuple(cand), "timer": timer, **stats})
+        order = {n: i for i, n in enumerate(task.perf.workloads)}
+        results.sort(key=lambda r: order[r["name"]])
+        ctx.artifacts["perf"] = results
+        bad = [r for r in results if r["verdict"] in ("regression", "no_gain")]
+        table = tuple(
+            Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
+                     path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
+                          f"CI [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}], {r['verdict']}")
+            for r in results)
+        if bad:
+            r = bad[0]
+            what = "slower than the standard path" if r["verdict"] == "regression" else \
+                f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)"
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
+                                   f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).",
+                           evidence=table)
+        if not timed:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary="No perf workload lies inside the kernel's declared scope on this device.")
+        gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
+        return Verdict(guard=self.name, status=Status.PASS,
+                       summary=f"Faster in all {len(gains)} claimed configurations "
+                               f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
+                       evidence=table)

@@ -1,0 +1,1 @@
+"""Shared, model-agnostic kernel infrastructure: timing, statistics, device facts."""

@@ -1,0 +1,146 @@
+"""Judge one candidate: worktree, guards in order (cheap first, first FAIL stops), result file.
+
+Source: DESIGN.md "The flow of one candidate".
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shlex
+import time
+from pathlib import Path
+from typing import Sequence
+
+from guards.base import Guard, GuardContext
+from guards.verdict import Evidence, Status, Verdict
+from workbench import env as envmod
+from workbench.results import CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, write_result
+from workbench.taskspec import TaskSpec, load_task
+from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
+
+logger = logging.getLogger("workbench.pipeline")
+
+
+def default_guards() -> list[Guard]:
+    """The pipeline's guards, cheapest first."""
+    from guards.activation import ActivationGuard
+    from guards.correctness import CorrectnessGuard
+    from guards.isolation import IsolationGuard
+    from guards.perf import PerfGuard
+
+    return [IsolationGuard(), CorrectnessGuard(), ActivationGuard(), PerfGuard()]
+
+
+def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
+    """Run guards in order; the first FAIL or ERROR stops the run, later guards are SKIP.
+
+    A guard that raises is recorded as ERROR with the exception text (the guard broke, not the candidate).
+    """
+    verdicts: list[Verdict] = []
+    stopped_by: str | None = None
+    for g in guards:
+        if stopped_by:
+            verdicts.append(Verdict(guard=g.name, status=Status.SKIP, summary=f"Not run: {stopped_by} did not pass."))
+            continue
+        t0 = time.monotonic()
+        try:
+            v = g.check(ctx)
+        except Exception as exc:
+            logger.exception("guard %s raised", g.name)
+            v = Verdict(guard=g.name, status=Status.ERROR,
+                        summary=f"The guard itself failed: {type(exc).__name__}: {exc}",
+                        evidence=(Evidence(name="exception", value=f"{type(exc).__name__}: {exc}"),))
+        v = v.with_duration(time.monotonic() - t0)
+        verdicts.append(v)
+        if v.status in (Status.FAIL, Status.ERROR):
+            stopped_by = g.name
+    return verdicts
+
+
+def is_accepted(verdicts: Sequence[Verdict]) -> bool:
+    """Accepted: no FAIL or ERROR, and the activation guard PASSed (proof the new path ran)."""
+    if any(v.status in (Status.FAIL, Status.ERROR) for v in verdicts):
+        return False
+    return any(v.guard == "activation" and v.status is Status.PASS for v in verdicts)
+
+
+def detect_device(requested: str | None) -> str:
+    """``cuda`` when requested or available, else ``cpu``.
+
+    Raises:
+        ValueError: ``cuda`` requested but unavailable, or an unknown device.
+    """
+    import torch
+
+    if requested in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested not in ("cpu", "cuda"):
+        raise ValueError(f"--device {requested!r}: expected cpu, cuda or auto.")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible; use --device cpu or run on a GPU machine.")
+    return requested
+
+
+def judge_candidate(
+    repo_root: Path,
+    task: TaskSpec,
+    cand: Candidate,
+    *,
+    device: str,
+    seed: int | None = None,
+    guards: Sequence[Guard] | None = None,
+    command: str = "",
+    agent: str = "patch",
+    transcript_path: str | None = None,
+) -> tuple[RunResult, Path]:
+    """Run the guards on a committed candidate and write its result file.
+
+    Returns:
+        ``(result, path_to_json)``.
+    """
+    started = now_utc()
+    t0 = time.monotonic()
+    seed = secrets.randbits(31) if seed is None else seed
+    ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
+                       candidate_commit=cand.candidate_commit, device=device, seed=seed)
+    verdicts = run_guards(ctx, default_guards() if guards is None else guards)
+    result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}-{cand.candidate_commit[:8]}"
+    trace = []
+    for calls in ctx.artifacts.get("traces", {}).values():
+        for call in calls:
+            trace.extend(call)
+    result = RunResult(
+        result_id=result_id,
+        task_id=task.task_id,
+        task_spec_sha256=file_sha256(Path(task.root) / "task.toml"),
+        candidate=CandidateInfo(source=cand.source, kind=cand.kind, branch=cand.branch, worktree=str(cand.worktree),
+                                base_commit=cand.base_commit, candidate_commit=cand.candidate_commit,
+                                changed_paths=tuple(ctx.artifacts.get("changed_paths", ())), agent=agent,
+                                transcript_path=transcript_path),
+        environment=envmod.collect(device),
+        device=device,
+        verdicts=tuple(verdicts),
+        accepted=is_accepted(verdicts),
+        cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
+        perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
+        dispatch_trace=tuple(trace[:2000]),
+        command=command or f"workbench verify {task.task_id} --branch {cand.branch} --base {cand.base_commit[:12]} --device {device} --seed {seed}",
+        started_at=started,
+        duration_s=round(time.monotonic() - t0, 3),
+    )
+    path = write_result(result, state_dir(repo_root) / "results")
+    return result, path
+
+
+def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,
+                  seed: int | None = None) -> tuple[RunResult, Path]:
+    """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file."""
+    repo = open_repo(Path(repo_root))
+    root = Path(repo.working_dir)
+    task = load_task(root, task_id)
+    dev = detect_device(device)
+    cand = create_candidate(root, task_id, source, base)
+    cmd = (f"workbench run {task_id} --candidate {shlex.quote(str(source))} --base {cand.base_commit[:12]} "
+           f"--device {dev}" + (f" --seed {seed}" if seed is not None else ""))
+    return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)

@@ -1,0 +1,53 @@
+"""Markdown report of a result file (per-configuration tables a reviewer reads first)."""
+
+from __future__ import annotations
+
+from workbench.results import RunResult
+
+
+def render_markdown(r: RunResult) -> str:
+    """The report: verdicts, correctness per configuration, perf per configuration, provenance."""
+    verdict = "ACCEPTED" if r.accepted else "REJECTED"
+    lines = [
+        f"# {r.task_id}: {verdict}",
+        "",
+        f"- candidate: `{r.candidate.source}` ({r.candidate.kind}) on branch `{r.candidate.branch}`",
+        f"- base `{r.candidate.base_commit[:12]}` -> candidate `{r.candidate.candidate_commit[:12]}`",
+        f"- device: {r.device}; torch {r.environment.get('torch')}; python {r.environment.get('python')}"
+        + (f"; GPU {r.environment.get('gpu_name')}" if r.environment.get("gpu_name") else ""),
+        f"- started {r.started_at}, took {r.duration_s:.1f} s",
+        f"- reproduce: `{r.command}`",
+        "",
+        "## Verdicts",
+        "",
+        "| guard | status | summary | time (s) |",
+        "|---|---|---|---|",
+    ]
+    for v in r.verdicts:
+        lines.append(f"| {v.guard} | {v.status.value} | {v.summary.replace('|', '/')} | {v.duration_s:.2f} |")
+    fail = r.first_failure()
+    if fail and fail.evidence:
+        lines += ["", f"### Evidence ({fail.guard})", ""]
+        for e in fail.evidence[:20]:
+            unit = f" {e.unit}" if e.unit else ""
+            where = f" at `{e.path}`" if e.path else ""
+            lines.append(f"- {e.name}: {str(e.value)[:300]}{unit}{where}")
+    if r.cases:
+        lines += ["", "## Correctness per configuration", "", "| case | axes | input case | implementation | result |",
+                  "|---|---|---|---|---|"]
+        for c in r.cases:
+            axes = " ".join(f"{k}={v}" for k, v in c.axes.items())
+            res = "ok" if c.passed else f"FAIL: {c.mismatches[0][:120].replace('|', '/')}" if c.mismatches else "FAIL"
+            lines.append(f"| {c.name} | {axes} | {c.case} | {c.implementation} | {res} |")
+    if r.perf:
+        lines += ["", "## Performance per configuration (median per call)", "",
+                  "| case | axes | baseline (us) | candidate (us) | speedup | CI | p(slower) | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p in r.perf:
+            axes = " ".join(f"{k}={v}" for k, v in p.axes.items())
+            lines.append(
+                f"| {p.name} | {axes} | {p.baseline_median_us:.1f} | {p.candidate_median_us:.1f} | "
+                f"{p.speedup:.3f}x | [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}] | {p.p_slower:.3g} | {p.verdict} |")
+    if r.candidate.changed_paths:
+        lines += ["", "## Changed paths", ""] + [f"- `{p}`" for p in r.candidate.changed_paths]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,231 @@
+"""Candidates in isolated git worktrees (gitpython).
+
+Each candidate gets a branch ``wb/<task_id>/<n>`` and a worktree ``.workbench/worktrees/<task_id>-<n>``
+created from the base commit; the candidate (a patch, a folder overlaying the repository, or an
+existing branch) is applied and committed there, and untracked or ignored leftovers are removed so
+the worktree is exactly the candidate commit. Worktree creation holds a file lock so several runs
+can start at once.
+
+Source: DESIGN.md "The flow of one candidate".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import re
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import git
+
+from workbench.errors import CandidateError, RepoError
+
+COMMITTER = ("kernel-workbench", "workbench@localhost")
+
+
+def state_dir(repo_root: Path) -> Path:
+    """``<repo_root>/.workbench`` (git-ignored)."""
+    return Path(repo_root) / ".workbench"
+
+
+def open_repo(path: Path) -> git.Repo:
+    """The git repository containing ``path``.
+
+    Raises:
+        RepoError: ``path`` is not inside a git repository or it has no commit.
+    """
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise RepoError(
+            f"{path} is not inside a git repository; run the workbench from a clone of kernel-workbench."
+        ) from None
+    try:
+        repo.head.commit
+    except ValueError:
+        raise RepoError(f"Repository {repo.working_dir} has no commit yet; commit the project first.") from None
+    return repo
+
+
+@contextlib.contextmanager
+def git_lock(repo_root: Path) -> Iterator[None]:
+    """Exclusive lock for operations that change git state shared by all worktrees."""
+    d = state_dir(repo_root)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "git.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A candidate committed in its own worktree.
+
+    Attributes:
+        source: what was given (patch path, folder path or branch name).
+        kind: ``patch``, ``folder`` or ``branch``.
+        branch: the workbench branch holding the candidate commit.
+        worktree: the worktree folder.
+        base_commit: SHA the diff is taken against.
+        candidate_commit: SHA of the candidate.
+    """
+
+    source: str
+    kind: str
+    branch: str
+    worktree: Path
+    base_commit: str
+    candidate_commit: str
+
+
+def classify_source(repo: git.Repo, source: str) -> str:
+    """``patch``, ``folder`` or ``branch`` for a ``--candidate`` value.
+
+    Raises:
+        CandidateError: it is neither an existing file, an existing folder, nor a git ref.
+    """
+    p = Path(source)
+    if p.is_file():
+        return "patch"
+    if p.is_dir():
+        return "folder"
+    try:
+        repo.commit(source)
+        return "branch"
+    except (git.BadName, ValueError, git.GitCommandError):
+        raise CandidateError(
+            f"Candidate {source!r}: not a patch file, not a folder and not a git branch or commit; "
+            "give a path to a .patch file, an overlay folder, or a branch name."
+        ) from None
+
+
+def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
+    used = [0]
+    for head in repo.heads:
+        m = re.fullmatch(rf"wb/{re.escape(task_id)}/(\d+)", head.name)
+        if m:
+            used.append(int(m.group(1)))
+    wt = state_dir(root) / "worktrees"
+    if wt.is_dir():
+        for p in wt.iterdir():
+            m = re.fullmatch(rf"{re.escape(task_id)}-(\d+)", p.name)
+            if m:
+                used.append(int(m.group(1)))
+    return max(used) + 1
+
+
+def _commit_all(wt_repo: git.Repo, message: str) -> str:
+    wt_repo.git.add("-A")
+    if not wt_repo.git.diff("--cached", "--name-only").strip():
+        raise CandidateError("Candidate changes nothing relative to the base commit; there is nothing to judge.")
+    wt_repo.git.commit(
+        "-m", message, "--no-verify",
+        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1],
+             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1]},
+    )
+    return wt_repo.head.commit.hexsha
+
+
+def _overlay(src: Path, dst: Path) -> None:
+    for item in src.rglob("*"):
+        rel = item.relative_to(src)
+        if rel.parts and rel.parts[0] == ".git":
+            continue
+        target = dst / rel
+        if item.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() or target.is_symlink():
+                target.unlink()
+            target.symlink_to(item.readlink())
+        elif item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(item, target)
+
+
+def create_candidate(repo_root: Path, task_id: str, source: str, base: str | None = None) -> Candidate:
+    """Create the branch and worktree, apply and commit the candidate.
+
+    Args:
+        repo_root: the workbench's checkout.
+        task_id: used in the branch and folder names.
+        source: ``.patch`` file, overlay folder, or branch/commit.
+        base: base revision (default: HEAD; for a branch, its merge-base with HEAD).
+
+    Raises:
+        CandidateError: the source is missing, does not apply, or changes nothing (the worktree and
+            branch are removed again).
+        RepoError: git itself fails.
+    """
+    repo = open_repo(repo_root)
+    root = Path(repo.working_dir)
+    kind = classify_source(repo, source)
+    base_rev = base or "HEAD"
+    try:
+        base_sha = repo.commit(base_rev).hexsha
+    except (git.BadName, ValueError):
+        raise CandidateError(f"Base revision {base_rev!r} does not exist in {root}; give a commit or branch.") from None
+    if kind == "branch":
+        tip = repo.commit(source).hexsha
+        if base is None:
+            base_sha = repo.git.merge_base(base_sha, tip)
+        if tip == base_sha:
+            raise CandidateError(f"Candidate branch {source!r} has no commits beyond its base {base_sha[:10]}; nothing to judge.")
+    with git_lock(root):
+        n = _next_index(repo, task_id, root)
+        branch = f"wb/{task_id}/{n}"
+        wt = state_dir(root) / "worktrees" / f"{task_id}-{n}"
+        wt.parent.mkdir(parents=True, exist_ok=True)
+        start = tip if kind == "branch" else base_sha
+        try:
+            repo.git.worktree("add", "-b", branch, str(wt), start)
+        except git.GitCommandError as exc:
+            raise RepoError(f"git worktree add failed for {wt}: {exc.stderr.strip()}") from None
+    wt_repo = git.Repo(wt)
+    try:
+        if kind == "patch":
+            try:
+                wt_repo.git.apply("--whitespace=nowarn", str(Path(source).resolve()))
+            except git.GitCommandError as exc:
+                raise CandidateError(
+                    f"Candidate patch {source} does not apply to base {base_sha[:10]}: "
+                    f"{exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else exc}. Rebase the patch."
+                ) from None
+            cand_sha = _commit_all(wt_repo, f"candidate for {task_id} from {Path(source).name}")
+        elif kind == "folder":
+            _overlay(Path(source), wt)
+            cand_sha = _commit_all(wt_repo, f"candidate for {task_id} from {Path(source).name}/")
+        else:
+            cand_sha = tip
+        wt_repo.git.clean("-ffdx")  # the worktree must be exactly the candidate commit
+    except Exception:
+        remove_candidate(root, wt, branch)
+        raise
+    return Candidate(source, kind, branch, wt, base_sha, cand_sha)
+
+
+def checkout_existing(repo_root: Path, task_id: str, branch: str, base: str | None) -> Candidate:
+    """Worktree for re-verifying an existing branch (``workbench verify``); same as a branch candidate."""
+    return create_candidate(repo_root, task_id, branch, base)
+
+
+def remove_candidate(repo_root: Path, worktree: Path, branch: str | None = None) -> None:
+    """Remove a worktree (and optionally its branch); missing ones are ignored."""
+    repo = open_repo(repo_root)
+    with git_lock(Path(repo.working_dir)):
+        with contextlib.suppress(git.GitCommandError):
+            repo.git.worktree("remove", "--force", str(worktree))
+        if Path(worktree).exists():
+            shutil.rmtree(worktree, ignore_errors=True)
+        with contextlib.suppress(git.GitCommandError):
+            repo.git.worktree("prune")
+        if branch:
+            with contextlib.suppress(git.GitCommandError):
+                repo.git.branch("-D", branch)
