@@ -1,0 +1,116 @@
+"""Input generators for the K3 MoE routing + dispatch task, one per ``case`` in task.toml.
+
+Every draw is deterministic for a seed (a private ``torch.Generator``, never the global RNG) and
+lives on the CPU; the harness moves tensors to the device.
+
+Source: tasks/k3_moe_dispatch/task.toml (workloads and their ``case``); shared/reference/
+kernel_targets.md §3.3 (fp32 logits and bias), §3.4 (edge cases).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+_Draw = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _realistic_logits(T: int, E: int, gen: torch.Generator) -> torch.Tensor:
+    """(T, E) float32 logits of a few units: Zipf-like expert popularity (a few hot experts), a
+    component shared by the batch (correlated tokens) and per-token noise."""
+    rank = torch.randperm(E, generator=gen).float()
+    popularity = 4.0 * (rank + 1.0).rsqrt() - 1.0  # hottest +3, median about -0.8 at E=896
+    shared = 0.5 * torch.randn(E, generator=gen)
+    return popularity + shared + torch.randn(T, E, generator=gen)
+
+
+def _small_bias(E: int, gen: torch.Generator) -> torch.Tensor:
+    """(E,) float32 noaux_tc-like correction bias, O(0.01-0.1)."""
+    return 0.05 * torch.randn(E, generator=gen)
+
+
+def _realistic(T: int, E: int, gen: torch.Generator) -> _Draw:
+    return _realistic_logits(T, E, gen), _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
+
+
+def _group_negative_bias(T: int, E: int, gen: torch.Generator) -> _Draw:
+    if (T, E) != (1, 8):
+        raise ValueError(f"inputs case 'group_negative_bias' needs T=1, E=8 (vLLM PR #13474 example); got T={T}, E={E}.")
+    logits = torch.tensor([[2.0, 1.0, 0.0, 0.0, -1.0, -1.0, -2.0, -2.0]])
+    return logits, torch.full((8,), -1.0), torch.ones(1, dtype=torch.bool)
+
+
+def _one_expert(T: int, E: int, gen: torch.Generator) -> _Draw:
+    if E != 1:
+        raise ValueError(f"inputs case 'one_expert' needs E=1 (every token on expert 0); got E={E}.")
+    return torch.randn(T, 1, generator=gen), _small_bias(1, gen), torch.ones(T, dtype=torch.bool)
+
+
+def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
+    if T < 2:
+        raise ValueError(f"inputs case 'padding_rows' needs T >= 2 (some rows valid, some padding); got T={T}.")
+    logits, bias, valid = _realistic(T, E, gen)
+    pad = torch.randperm(T, generator=gen)[: min(T - 1, max(1, T // 4))]
+    valid[pad] = False
+    sign = torch.where(torch.rand(len(pad), E, generator=gen) < 0.5, -1.0, 1.0)
+    logits[pad] = sign * 1e30  # garbage a kernel must ignore (CUDA-graph padding rows)
+    return logits, bias, valid
+
+
+def _ties(T: int, E: int, gen: torch.Generator) -> _Draw:
+    logits = torch.randint(-1, 3, (T, E), generator=gen).float()  # 4 levels: many exact ties
+    return logits, torch.zeros(E), torch.ones(T, dtype=torch.bool)
+
+
+def _saturated(T: int, E: int, gen: torch.Generator) -> _Draw:
+    magnitude = 20.0 + 20.0 * torch.rand(T, E, generator=gen)
+    sign = torch.where(torch.rand(T, E, generator=gen) < 0.5, -1.0, 1.0)
+    # x >= ~17 gives sigmoid == 1.0 exactly in fp32, so among those the bias alone decides.
+    return sign * magnitude, _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
+
+
+CASES: dict[str, Callable[[int, int, torch.Generator], _Draw]] = {
+    "realistic": _realistic,
+    "group_negative_bias": _group_negative_bias,
+    "one_expert": _one_expert,
+    "padding_rows": _padding_rows,
+    "ties": _ties,
+    "saturated": _saturated,
+}
+"""Case name -> generator ``(T, E, gen) -> (logits, bias, token_valid)``."""
+
+
+def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> dict[str, torch.Tensor]:
+    """Draw the op's inputs for one workload.
+
+    Cases: ``realistic`` (skewed expert popularity, correlated tokens, small bias, all rows valid);
+    ``group_negative_bias`` (logits [2,1,0,0,-1,-1,-2,-2], bias -1); ``one_expert`` (E=1);
+    ``padding_rows`` (about a quarter of the rows, at least one and never all, invalid with logits
+    of +-1e30); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
+    nonzero bias decides).
+
+    Args:
+        axes: the workload's axes; T (tokens) and E (experts) are used.
+        seed: RNG seed; equal seeds give equal tensors.
+        case: one of :data:`CASES`.
+
+    Returns:
+        ``router_logits`` (T, E) float32, ``e_score_correction_bias`` (E,) float32,
+        ``token_valid`` (T,) bool, all contiguous CPU tensors.
+
+    Raises:
+        ValueError: unknown case (the message lists the known ones), or axes the case cannot use.
+
+    Source: task.toml workloads; kernel_targets.md §3.3 (dtypes), §3.4 (edge cases).
+    """
+    if case not in CASES:
+        raise ValueError(f"Task 'k3_moe_dispatch' (tasks/k3_moe_dispatch/inputs.py): unknown input case {case!r}; "
+                         f"known cases: {', '.join(CASES)}. Fix the workload's case in task.toml.")
+    T, E = int(axes["T"]), int(axes["E"])
+    if T < 1 or E < 1:
+        raise ValueError(f"k3_moe_dispatch inputs: axes T and E must be >= 1; got T={T}, E={E}.")
+    gen = torch.Generator().manual_seed(int(seed))
+    logits, bias, valid = CASES[case](T, E, gen)
+    return {"router_logits": logits.float().contiguous(), "e_score_correction_bias": bias.float().contiguous(),
+            "token_valid": valid.contiguous()}

@@ -1,0 +1,309 @@
+"""Independent fp32 oracle and output checker for the K3 MoE routing + dispatch task.
+
+Written from the math in kernel_targets.md, not from the model's code: routing one token at a time
+(stable descending sorts, so equal scores keep ascending expert order), alignment one expert at a
+time with Python lists. Clear rather than fast (a few ms at T=64, E=896, K=16).
+
+Source: shared/reference/kernel_targets.md §3.1 (grouped_topk torch semantics, moe_align_block_size
+contract), §3.4 (edge cases), §3.5 (tolerances); tasks/k3_moe_dispatch/task.toml.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import accumulate
+from typing import Any, Mapping
+
+import torch
+
+OUTPUTS = ("topk_weights", "topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_padded")
+NEAR_TIE_REL = 1e-6
+"""K-th vs (K+1)-th biased score gap, relative to max|c|, below which a swap is allowed (§3.5)."""
+MAX_MESSAGES = 20
+_PER_OUTPUT = 3  # element mismatches listed per output before a count line
+
+
+def _descending(values: torch.Tensor) -> list[int]:
+    """Indices of ``values`` from largest to smallest; ties keep ascending index order."""
+    return torch.sort(values, descending=True, stable=True).indices.tolist()
+
+
+def masked_choice(logits_row: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """Biased selection scores of one token, experts of non-kept groups set to -inf.
+
+    Args:
+        logits_row: (E,) float32 router logits of one token.
+        bias: (E,) float32 e_score_correction_bias.
+        n_group: expert groups G (E % G == 0).
+        topk_group: groups kept TG; a group's score is the sum of its top-2 biased scores
+            (top-1 when the group has one expert).
+
+    Returns:
+        (E,) float32 ``c = sigmoid(logits) + bias``, -inf (never 0) outside the kept groups.
+
+    Source: kernel_targets.md §3.1 (torch semantics), §3.4 (vLLM PR #13474: top-2 sum, -inf mask).
+    """
+    choice = torch.sigmoid(logits_row.float()) + bias.float()
+    if n_group == 1:
+        return choice
+    per_group = choice.numel() // n_group
+    group_scores = torch.stack([
+        choice[g * per_group:(g + 1) * per_group][_descending(choice[g * per_group:(g + 1) * per_group])[:2]].sum()
+        for g in range(n_group)
+    ])
+    masked = torch.full_like(choice, float("-inf"))
+    for g in _descending(group_scores)[:topk_group]:
+        masked[g * per_group:(g + 1) * per_group] = choice[g * per_group:(g + 1) * per_group]
+    return masked
+
+
+def expert_weights(logits_row: torch.Tensor, ids: list[int], renormalize: bool, scale: float) -> torch.Tensor:
+    """Routing weights of the chosen experts: UNBIASED sigmoid scores, renormalized, scaled.
+
+    Args:
+        logits_row: (E,) float32 router logits of one token.
+        ids: the K chosen expert ids.
+        renormalize: divide by the sum of the chosen scores.
+        scale: routed_scaling_factor (dimensionless).
+
+    Returns:
+        (K,) float32 weights in the order of ``ids``.
+
+    Source: kernel_targets.md §3.1 (``w = s.gather(ids); w /= w.sum(); w *= rsf``).
+    """
+    w = torch.sigmoid(logits_row.float())[ids]
+    if renormalize:
+        w = w / w.sum()
+    return w * scale
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_size: int) -> dict[str, torch.Tensor]:
+    """Group flat (token, slot) indices by expert and pad each expert's segment to ``block_size``.
+
+    Args:
+        topk_ids: (T, K) integer expert ids; ids outside [0, E) (padding rows' -1) are skipped.
+        num_experts: E.
+        block_size: B (rows of the expert GEMM tile).
+
+    Returns:
+        ``sorted_token_ids`` (T*K + E*(B-1),) int32: per expert in ascending order, its flat indices
+        ``t*K + k`` ascending, then the sentinel T*K up to a multiple of B; sentinel after the
+        padded total. ``expert_ids`` (cdiv(T*K + E*(B-1), B),) int32: expert of each block, -1 past
+        the padded total. ``num_tokens_post_padded`` (1,) int32: sum of ceil(count_e / B) * B.
+
+    Source: kernel_targets.md §3.1 (moe_align_block_size), §3.4 (-1 tail blocks, vLLM PR #35161).
+    """
+    T, K = topk_ids.shape
+    numel, E, B = T * K, num_experts, block_size
+    members: list[list[int]] = [[] for _ in range(E)]
+    for i, e in enumerate(topk_ids.reshape(-1).tolist()):
+        if 0 <= e < E:
+            members[e].append(i)
+    cap = numel + E * (B - 1)
+    sorted_ids, block_experts = [numel] * cap, [-1] * (-(-cap // B))
+    pos = 0
+    for e in range(E):
+        padded = -(-len(members[e]) // B) * B
+        sorted_ids[pos:pos + len(members[e])] = members[e]
+        block_experts[pos // B:(pos + padded) // B] = [e] * (padded // B)
+        pos += padded
+    as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    return {"sorted_token_ids": as_i32(sorted_ids), "expert_ids": as_i32(block_experts),
+            "num_tokens_post_padded": as_i32([pos])}
+
+
+def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Route every valid token to its top-k experts, then lay out the block-aligned dispatch.
+
+    Args:
+        inputs: ``router_logits`` (T, E) float32; ``e_score_correction_bias`` (E,) float32 (selection
+            only); ``token_valid`` (T,) bool (False = padding row).
+        params: ``top_k`` K, ``n_group`` G, ``topk_group`` TG, ``block_size`` B (ints);
+            ``renormalize`` (bool); ``routed_scaling_factor`` (float, dimensionless).
+
+    Returns:
+        ``topk_weights`` (T, K) float32 (0 on padding rows), ``topk_ids`` (T, K) int32 (-1 on padding
+        rows), and the three outputs of :func:`align` computed over ``topk_ids``; all on the CPU.
+
+    Raises:
+        ValueError: E, G, TG and K are inconsistent (E % G != 0, TG > G or K > TG * E / G).
+
+    Source: kernel_targets.md §3.1, §3.4 (padding rows get id -1).
+    """
+    logits, bias, valid = (inputs[k].detach().cpu() for k in ("router_logits", "e_score_correction_bias", "token_valid"))
+    T, E = logits.shape
+    K, G, TG = int(params["top_k"]), int(params["n_group"]), int(params["topk_group"])
+    if E % G or TG > G or K > TG * (E // G):
+        raise ValueError(f"k3_moe_dispatch reference: E={E}, n_group={G}, topk_group={TG}, top_k={K} are "
+                         "inconsistent; need E % n_group == 0, topk_group <= n_group, top_k <= topk_group*E/n_group.")
+    weights = torch.zeros(T, K, dtype=torch.float32)
+    ids = torch.full((T, K), -1, dtype=torch.int32)
+    for t in range(T):
+        if bool(valid[t]):
+            row_ids = _descending(masked_choice(logits[t], bias, G, TG))[:K]
+            ids[t] = torch.tensor(row_ids, dtype=torch.int32)
+            weights[t] = expert_weights(logits[t], row_ids, bool(params["renormalize"]),
+                                        float(params["routed_scaling_factor"]))
+    return {"topk_weights": weights, "topk_ids": ids, **align(ids, E, int(params["block_size"]))}
+
+
+def _short(xs: list[int], n: int = 8) -> str:
+    return "[" + ", ".join(map(str, xs[:n])) + (f", ... ({len(xs)} in all)]" if len(xs) > n else "]")
+
+
+def _add(msgs: list[str], name: str, items: list[str]) -> None:
+    """Append up to ``_PER_OUTPUT`` element mismatches of one output, then a count line."""
+    msgs.extend(items[:_PER_OUTPUT])
+    if len(items) > _PER_OUTPUT:
+        msgs.append(f"{name}: {len(items) - _PER_OUTPUT} more mismatching elements not listed")
+
+
+def _check_row(t: int, inputs, params, got_ids: list[int], got_w: torch.Tensor, want_ids: list[int],
+               want_w: torch.Tensor, tol) -> tuple[list[str], list[str]]:
+    """(topk_ids mismatches, topk_weights mismatches) of one valid row; no ids mismatch = row accepted."""
+    logits, bias = inputs["router_logits"][t], inputs["e_score_correction_bias"]
+    E, K = logits.numel(), len(want_ids)
+    bad = sorted({e for e in got_ids if not 0 <= e < E})
+    dupes = sorted(e for e, n in Counter(got_ids).items() if n > 1)
+    if bad or dupes:
+        nonfinite = [f"topk_weights[{t},{k}]: expected a finite weight, got {float(x)}"
+                     for k, x in enumerate(got_w.tolist()) if not torch.isfinite(torch.tensor(x))]
+        return [f"topk_ids[{t}]: expected {K} distinct experts in [0, {E}) (want {_short(sorted(want_ids))}), "
+                f"got {got_ids}" + (f"; out of range {bad}" if bad else "") + (f"; duplicated {dupes}" if dupes else "")], nonfinite
+    expected = dict(zip(want_ids, want_w.tolist()))
+    if set(got_ids) != set(want_ids):
+        c = masked_choice(logits, bias, int(params["n_group"]), int(params["topk_group"]))
+        vals = torch.sort(c, descending=True).values
+        v_k = float(vals[K - 1])
+        v_k1 = float(vals[K]) if K < E else float("-inf")
+        finite = c[torch.isfinite(c)]
+        window = NEAR_TIE_REL * float(finite.abs().max())
+        outside = sorted(e for e in set(got_ids) ^ set(want_ids) if not v_k1 - window <= float(c[e]) <= v_k + window)
+        if v_k - v_k1 >= window or outside:
+            why = (f"experts {outside} lie outside the tie window [{v_k1 - window:.9g}, {v_k + window:.9g}]"
+                   if v_k - v_k1 < window else f"not a near-tie: K-th/(K+1)-th biased gap {v_k - v_k1:.3g} >= {window:.3g}")
+            return [f"topk_ids[{t}]: expected experts {_short(sorted(want_ids))} (any order), got "
+                    f"{_short(sorted(got_ids))}; missing {sorted(set(want_ids) - set(got_ids))}, extra "
+                    f"{sorted(set(got_ids) - set(want_ids))}; {why}"], []
+        # Legit near-tie swap: the weights of got's set are recomputed from the inputs.
+        recomputed = expert_weights(logits, got_ids, bool(params["renormalize"]), float(params["routed_scaling_factor"]))
+        expected = dict(zip(got_ids, recomputed.tolist()))
+    exp_w = torch.tensor([expected[e] for e in got_ids], dtype=torch.float32)
+    close = torch.isclose(got_w, exp_w, rtol=tol.rtol, atol=tol.atol)
+    return [], [f"topk_weights[{t},{k}] (expert {got_ids[k]}): expected {float(exp_w[k]):.9g}, got {float(got_w[k]):.9g} "
+                f"(rtol {tol.rtol:g}, atol {tol.atol:g})" for k in range(len(got_ids)) if not bool(close[k])]
+
+
+def _check_alignment(msgs: list[str], ids: torch.Tensor, valid: torch.Tensor, E: int, B: int,
+                     got: Mapping[str, torch.Tensor], ok: Mapping[str, bool]) -> None:
+    """Alignment invariants against the routing ``ids`` (got's own, so a legit swap does not cascade)."""
+    T, K = ids.shape
+    numel = T * K
+    members: list[list[int]] = [[] for _ in range(E)]
+    for i, e in enumerate(ids.reshape(-1).tolist()):
+        if bool(valid[i // K]) and 0 <= e < E:
+            members[e].append(i)
+    padded = [-(-len(m) // B) * B for m in members]
+    starts = [0, *accumulate(padded)][:E]  # segments in ascending expert order
+    total = sum(padded)
+    if ok["num_tokens_post_padded"]:
+        n = int(got["num_tokens_post_padded"][0])
+        if n != total:
+            msgs.append(f"num_tokens_post_padded[0]: expected {total} (sum of ceil(count_e/{B})*{B}), got {n}")
+    if ok["expert_ids"]:
+        exp_blocks = [-1] * got["expert_ids"].numel()
+        for e in range(E):
+            exp_blocks[starts[e] // B:(starts[e] + padded[e]) // B] = [e] * (padded[e] // B)
+        items = [f"expert_ids[{b}]: expected {x}, got {y}" + (f" (block past the padded total {total})" if x == -1 else "")
+                 for b, (x, y) in enumerate(zip(exp_blocks, got["expert_ids"].tolist())) if x != y]
+        _add(msgs, "expert_ids", items)
+    if not ok["sorted_token_ids"]:
+        return
+    s = got["sorted_token_ids"].tolist()
+    items = []
+    for e in range(E):
+        if not members[e]:
+            continue
+        end = starts[e] + padded[e]
+        want_c = Counter(members[e]) + Counter({numel: end - starts[e] - len(members[e])})
+        got_c = Counter(s[starts[e]:end])
+        if got_c != want_c:
+            items.append(f"sorted_token_ids[{starts[e]}:{end}] (expert {e} segment): expected flat indices "
+                         f"{_short(members[e])} + {end - starts[e] - len(members[e])} x sentinel {numel} (order free); "
+                         f"missing {_short(sorted((want_c - got_c).elements()))}, unexpected {_short(sorted((got_c - want_c).elements()))}")
+    items += [f"sorted_token_ids[{p}]: expected sentinel {numel} (past the padded total {total}), got {x}"
+              for p, x in enumerate(s[total:], start=total) if x != numel]
+    _add(msgs, "sorted_token_ids", items)
+    seen = Counter(s)
+    flat = [i for e in range(E) for i in members[e]]
+    missing, twice = sorted(i for i in flat if seen[i] == 0), sorted(i for i in flat if seen[i] > 1)
+    if missing or twice:
+        msgs.append(f"sorted_token_ids: every valid flat index must appear exactly once; missing {_short(missing)}, "
+                    f"more than once {_short(twice)}")
+
+
+def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Mapping[str, torch.Tensor],
+          want: Mapping[str, torch.Tensor], tolerance: Mapping[str, Any]) -> list[str]:
+    """Compare a candidate's outputs with :func:`reference`'s under the §3.5 rules.
+
+    ids are compared as sets per row (order free, no duplicates, -1 on padding rows); a swap is
+    allowed only in near-tie rows (K-th and (K+1)-th masked biased scores closer than
+    ``NEAR_TIE_REL * max|c|``) and only for experts inside ``[c_(K+1) - w, c_(K) + w]``; weights are
+    matched per expert id with ``torch.isclose`` (recomputed for got's set after a legit swap); the
+    alignment is checked as invariants over got's own ids (the reference's in rows whose ids are
+    rejected, so one wrong row is not reported twice), segments located from the counts.
+
+    Args:
+        inputs: as for :func:`reference`.
+        params: as for :func:`reference`.
+        got: the candidate's five outputs (name -> tensor).
+        want: :func:`reference`'s outputs for the same inputs.
+        tolerance: output name -> object with ``rtol``, ``atol``, ``exact``, ``source``.
+
+    Returns:
+        One-line mismatch descriptions (output, index, expected, got), at most ``MAX_MESSAGES`` + 1;
+        empty when the candidate is correct.
+
+    Source: kernel_targets.md §3.5; task.toml [correctness.tolerance].
+    """
+    cpu = lambda d: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in d.items()}  # noqa: E731
+    inputs, got, want = cpu(inputs), cpu(got), cpu(want)  # the candidate may have run on a GPU
+    msgs: list[str] = []
+    ok = {}
+    for name in OUTPUTS:
+        g, w = got.get(name), want[name]
+        ok[name] = isinstance(g, torch.Tensor) and g.shape == w.shape and g.dtype == w.dtype
+        if not ok[name]:
+            desc = "missing" if g is None else f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
+            msgs.append(f"{name}: expected shape {tuple(w.shape)} dtype {w.dtype}, got {desc}")
+    valid = inputs["token_valid"]
+    E = inputs["router_logits"].shape[1]
+    accepted: list[int] = []
+    if ok["topk_ids"]:
+        id_items, w_items = [], []
+        for t in range(valid.numel()):
+            g_ids, g_w = got["topk_ids"][t].tolist(), got["topk_weights"][t] if ok["topk_weights"] else None
+            if not bool(valid[t]):
+                id_items += [f"topk_ids[{t},{k}]: padding row (token_valid False): expected -1, got {e}"
+                             for k, e in enumerate(g_ids) if e != -1]
+                if g_w is not None:
+                    w_items += [f"topk_weights[{t},{k}]: padding row: expected 0, got {float(x):.9g}"
+                                for k, x in enumerate(g_w) if not float(x) == 0.0]
+                continue
+            if g_w is None:
+                g_w = torch.zeros(len(g_ids))
+            ids_m, w_m = _check_row(t, inputs, params, g_ids, g_w, want["topk_ids"][t].tolist(),
+                                    want["topk_weights"][t], tolerance["topk_weights"])
+            id_items += ids_m
+            accepted += [] if ids_m else [t]
+            w_items += w_m if ok["topk_weights"] else []
+        _add(msgs, "topk_ids", id_items)
+        _add(msgs, "topk_weights", w_items)
+    # Alignment follows got's ids in accepted rows (a legit swap must not cascade), want's elsewhere.
+    ids_for_align = want["topk_ids"].clone()
+    for t in accepted:
+        ids_for_align[t] = got["topk_ids"][t]
+    _check_alignment(msgs, ids_for_align, valid, E, int(params["block_size"]), got, ok)
+    if len(msgs) > MAX_MESSAGES:
+        msgs = msgs[:MAX_MESSAGES] + [f"... and {len(msgs) - MAX_MESSAGES} more mismatch lines"]
+    return msgs

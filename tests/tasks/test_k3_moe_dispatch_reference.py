@@ -1,0 +1,326 @@
+"""tasks/k3_moe_dispatch: the reference oracle, its checker (good and planted-bad outputs) and inputs.
+
+The task folder is not a package, so its modules are loaded by file path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch_standard
+from workbench.taskspec import eval_dim, load_task
+
+REPO = Path(__file__).resolve().parents[2]
+TASK_DIR = REPO / "tasks" / "k3_moe_dispatch"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_k3_moe_dispatch_{name}", TASK_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ref, inp = _load("reference"), _load("inputs")
+SPEC = load_task(REPO, "k3_moe_dispatch")
+TOL = SPEC.correctness.tolerance
+WORKLOADS = [w.name for w in SPEC.correctness.workloads]
+
+
+def _params(workload) -> dict:
+    return {**workload.params, **{kw: workload.axes[ax] for kw, ax in SPEC.axis_params.items()}}
+
+
+def _case(name: str, seed: int = 0):
+    w = SPEC.workload(name)
+    inputs, params = inp.make_inputs(w.axes, seed, w.case), _params(w)
+    return inputs, params, ref.reference(inputs, params)
+
+
+def _standard(inputs: dict, params: dict) -> dict:
+    """The model's standard path, writing into outputs poisoned as the harness does."""
+    T, E = inputs["router_logits"].shape
+    K = params["top_k"]
+    cap, blocks = align_capacity(T, K, E, params["block_size"])
+    i32 = dict(dtype=torch.int32)
+    outs = {"topk_weights": torch.full((T, K), float("nan")), "topk_ids": torch.full((T, K), -7777, **i32),
+            "sorted_token_ids": torch.full((cap,), -7777, **i32), "expert_ids": torch.full((blocks,), -7777, **i32),
+            "num_tokens_post_padded": torch.full((1,), -7777, **i32)}
+    moe_route_dispatch_standard(inputs["router_logits"], inputs["e_score_correction_bias"], inputs["token_valid"],
+                                **params, **outs)
+    return outs
+
+
+def _clone(outs: dict) -> dict:
+    return {k: v.clone() for k, v in outs.items()}
+
+
+def _assert_alignment_invariants(ids: torch.Tensor, valid: torch.Tensor, E: int, B: int, out: dict) -> None:
+    T, K = ids.shape
+    numel, flat = T * K, ids.reshape(-1).tolist()
+    s, blocks, total = out["sorted_token_ids"].tolist(), out["expert_ids"].tolist(), int(out["num_tokens_post_padded"])
+    routed = [i for i, e in enumerate(flat) if valid[i // K] and 0 <= e < E]
+    counts = Counter(flat[i] for i in routed)
+    assert total == sum(math.ceil(c / B) * B for c in counts.values())
+    assert all(x == numel for x in s[total:]) and all(b == -1 for b in blocks[total // B:])
+    head = blocks[: total // B]
+    assert head == sorted(head) and Counter(head) == {e: math.ceil(c / B) for e, c in counts.items()}
+    assert Counter(x for x in s[:total] if x != numel) == Counter(routed) and len(set(routed)) == len(routed)
+    assert all(flat[x] == blocks[p // B] for p, x in enumerate(s[:total]) if x != numel)
+
+
+# --- edge cases from the issue (kernel_targets.md §3.4) ------------------------------------------
+
+def test_group_limited_topk_with_negative_kept_scores_picks_experts_0_and_1() -> None:
+    inputs, _, want = _case("edge_group_negative_bias")
+    assert bool((torch.sigmoid(inputs["router_logits"]) + inputs["e_score_correction_bias"] < 0).all())
+    ids = want["topk_ids"][0].tolist()
+    assert sorted(ids) == [0, 1]
+    s = torch.sigmoid(torch.tensor([2.0, 1.0]))
+    expected = (s / s.sum())[ids]  # unbiased scores renormalized: about [0.5466, 0.4534]
+    torch.testing.assert_close(want["topk_weights"][0], expected, rtol=1e-6, atol=1e-7)
+    assert abs(float(want["topk_weights"].sum()) - 1.0) < 1e-6
+
+
+def test_all_tokens_on_one_expert_keeps_every_token() -> None:
+    _, _, want = _case("edge_one_expert")
+    assert want["sorted_token_ids"].tolist() == [0, 1, 2, 3] + [4] * 15
+    assert want["expert_ids"].tolist() == [0, -1]
+    assert want["num_tokens_post_padded"].tolist() == [16]
+    assert want["topk_ids"].tolist() == [[0]] * 4 and want["topk_weights"].tolist() == [[1.0]] * 4
+
+
+def test_padding_rows_get_minus_one_zero_weight_and_are_not_dispatched() -> None:
+    inputs, params, want = _case("edge_padding_rows")
+    valid, K = inputs["token_valid"], params["top_k"]
+    pad = (~valid).nonzero().flatten().tolist()
+    assert 1 <= len(pad) < valid.numel() and float(inputs["router_logits"][pad].abs().min()) >= 1e29
+    assert (want["topk_ids"][pad] == -1).all() and (want["topk_weights"][pad] == 0).all()
+    dispatched = set(want["sorted_token_ids"].tolist())
+    assert not dispatched & {t * K + k for t in pad for k in range(K)}
+    assert {t * K + k for t in range(valid.numel()) if valid[t] for k in range(K)} <= dispatched
+    clean = dict(inputs, router_logits=inputs["router_logits"].clone())
+    clean["router_logits"][pad] = 0.0  # the garbage must not influence anything
+    assert all(torch.equal(a, b) for a, b in zip(want.values(), ref.reference(clean, params).values()))
+
+
+# --- reference vs the model's standard path ----------------------------------------------------
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_reference_agrees_with_standard_path(name: str) -> None:
+    w = SPEC.workload(name)
+    for seed in SPEC.correctness.public_seeds:
+        inputs, params, want = _case(name, seed)
+        assert ref.check(inputs, params, _standard(inputs, params), want, TOL) == [], (name, seed)
+        for out, t in want.items():
+            assert list(t.shape) == [eval_dim(d, w.axes) for d in SPEC.outputs[out].shape]
+            assert str(t.dtype) == "torch." + SPEC.outputs[out].dtype
+
+
+def test_reference_is_fast_enough_at_k3_t64() -> None:
+    inputs, params, _ = _case("k3_t64")
+    best_s = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ref.reference(inputs, params)
+        best_s = min(best_s, time.perf_counter() - t0)
+    assert best_s < 0.1
+
+
+# --- the checker catches planted errors ---------------------------------------------------------
+
+def _worst_expert(inputs, t, ids):
+    c = torch.sigmoid(inputs["router_logits"][t]) + inputs["e_score_correction_bias"]
+    return min((e for e in range(c.numel()) if e not in ids), key=lambda e: float(c[e]))
+
+
+def _wrong_expert(i, p, g):
+    g["topk_ids"][17, 3] = _worst_expert(i, 17, g["topk_ids"][17].tolist())
+
+
+def _unrenormalized(i, p, g):
+    g["topk_weights"] = torch.sigmoid(i["router_logits"]).gather(1, g["topk_ids"].long())
+
+
+def _first_entry_only(i, p, g):
+    g["sorted_token_ids"][1:] = g["sorted_token_ids"][-1]
+
+
+def _flat_index_duplicated(i, p, g):
+    s, sentinel = g["sorted_token_ids"], g["topk_ids"].numel()
+    pos = next(q for q in range(1, int(g["num_tokens_post_padded"])) if s[q] == sentinel and s[q - 1] != sentinel)
+    s[pos] = s[pos - 1]
+
+
+def _padding_row_dispatched(i, p, g):
+    g["topk_ids"][int((~i["token_valid"]).nonzero()[0])] = torch.arange(p["top_k"])
+
+
+PLANTED = {  # name: (workload, output that must be named, mutation)
+    "wrong_expert_one_row": ("k3_t33", "topk_ids", _wrong_expert),
+    "duplicated_expert": ("mini_t7", "topk_ids", lambda i, p, g: g["topk_ids"][3].__setitem__(1, g["topk_ids"][3, 0])),
+    "weight_off_1e-3": ("k3_t8", "topk_weights", lambda i, p, g: g["topk_weights"][5].__setitem__(7, g["topk_weights"][5, 7] + 1e-3)),
+    "unrenormalized": ("mini_t7", "topk_weights", _unrenormalized),
+    "weight_poison_nan": ("k3_t2", "topk_weights", lambda i, p, g: g["topk_weights"][1].__setitem__(2, float("nan"))),
+    "padding_row_weight": ("edge_padding_rows", "topk_weights", lambda i, p, g: g["topk_weights"].__setitem__(~i["token_valid"], 0.25)),
+    "padding_row_dispatched": ("edge_padding_rows", "topk_ids", _padding_row_dispatched),
+    "ids_poison": ("k3_t4", "topk_ids", lambda i, p, g: g["topk_ids"][0].__setitem__(0, -7777)),
+    "ids_wrong_dtype": ("mini_t1", "topk_ids", lambda i, p, g: g.__setitem__("topk_ids", g["topk_ids"].long())),
+    "sorted_first_entry_only": ("edge_one_expert", "sorted_token_ids", _first_entry_only),
+    "sorted_poison_left": ("k3_t2", "sorted_token_ids", lambda i, p, g: g["sorted_token_ids"].__setitem__(-1, -7777)),
+    "flat_index_missing": ("k3_t4", "sorted_token_ids", lambda i, p, g: g["sorted_token_ids"].__setitem__(0, g["topk_ids"].numel())),
+    "flat_index_duplicated": ("k3_t4", "sorted_token_ids", _flat_index_duplicated),
+    "flat_index_wrong_segment": ("k3_t4", "sorted_token_ids",  # 1-block segments: swap two experts' tokens
+                                 lambda i, p, g: g["sorted_token_ids"].__setitem__([0, 16], g["sorted_token_ids"][[16, 0]])),
+    "expert_ids_tail_zero": ("k3_t1", "expert_ids", lambda i, p, g: g["expert_ids"].__setitem__(g["expert_ids"] == -1, 0)),
+    "expert_ids_poison": ("mini_t64", "expert_ids", lambda i, p, g: g["expert_ids"].__setitem__(-1, -7777)),
+    "num_post_padded_wrong": ("mini_t64", "num_tokens_post_padded", lambda i, p, g: g["num_tokens_post_padded"].add_(p["block_size"])),
+    "num_post_padded_short": ("k3_t1", "num_tokens_post_padded", lambda i, p, g: g.__setitem__("num_tokens_post_padded", torch.tensor([256, 0], dtype=torch.int32))),
+}
+
+
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_check_catches_planted_error(planted: str) -> None:
+    workload, output, mutate = PLANTED[planted]
+    inputs, params, want = _case(workload)
+    got = _clone(want)
+    mutate(inputs, params, got)
+    msgs = ref.check(inputs, params, got, want, TOL)
+    assert any(m.startswith(output) for m in msgs), msgs
+    assert len(msgs) <= ref.MAX_MESSAGES + 1
+
+
+def test_check_reports_briefly_on_all_poison_output() -> None:
+    inputs, params, want = _case("k3_t64")
+    got = {k: torch.full_like(v, float("nan") if v.is_floating_point() else -7777) for k, v in want.items()}
+    msgs = ref.check(inputs, params, got, want, TOL)
+    assert 5 <= len(msgs) <= ref.MAX_MESSAGES and all("\n" not in m for m in msgs)
+    assert {m.split("[")[0].split(":")[0] for m in msgs} >= set(ref.OUTPUTS)
+
+
+def _near_tie_inputs() -> tuple[dict, dict]:
+    # Experts 1 and 2 tie for the 2nd slot on biased score (0.5 + 0.1 vs sigmoid(ln 1.5) = 0.6)
+    # but their unbiased scores differ, so a swap changes the renormalized weights.
+    logits = torch.tensor([[3.0, 0.0, math.log(1.5), -2.0, -2.0, -2.0, -2.0, -2.0]])
+    bias = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    inputs = {"router_logits": logits, "e_score_correction_bias": bias, "token_valid": torch.ones(1, dtype=torch.bool)}
+    return inputs, dict(top_k=2, n_group=1, topk_group=1, block_size=4, renormalize=True, routed_scaling_factor=1.0)
+
+
+def test_check_accepts_near_tie_swap_and_rejects_bad_swaps() -> None:
+    inputs, params = _near_tie_inputs()
+    c = torch.sigmoid(inputs["router_logits"][0]) + inputs["e_score_correction_bias"]
+    assert abs(float(c[1] - c[2])) < ref.NEAR_TIE_REL * float(c.abs().max())
+    want = ref.reference(inputs, params)
+    other = ({1, 2} - set(want["topk_ids"][0].tolist())).pop()
+
+    def swapped(new: int, recompute: bool = True) -> dict:
+        ids = torch.tensor([[0, new]], dtype=torch.int32)
+        w = ref.expert_weights(inputs["router_logits"][0], [0, new], True, 1.0) if recompute else want["topk_weights"][0]
+        return {"topk_weights": w.reshape(1, 2).clone(), "topk_ids": ids, **ref.align(ids, 8, 4)}
+
+    assert ref.check(inputs, params, swapped(other), want, TOL) == []
+    assert any(m.startswith("topk_weights") for m in ref.check(inputs, params, swapped(other, False), want, TOL))
+    assert any(m.startswith("topk_ids") for m in ref.check(inputs, params, swapped(3), want, TOL))
+    stale = swapped(other)
+    stale.update({k: v for k, v in want.items() if k not in ("topk_ids", "topk_weights")})
+    assert ref.check(inputs, params, stale, want, TOL)  # alignment must follow got's own ids
+
+
+def test_check_accepts_permuted_rows_and_segments() -> None:
+    inputs, params, want = _case("k3_t8")
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.stack([torch.randperm(params["top_k"], generator=gen) for _ in range(8)])
+    got = {"topk_ids": want["topk_ids"].gather(1, perm), "topk_weights": want["topk_weights"].gather(1, perm)}
+    got.update(ref.align(got["topk_ids"], 896, params["block_size"]))
+    assert got["sorted_token_ids"].tolist() != want["sorted_token_ids"].tolist()
+    assert ref.check(inputs, params, got, want, TOL) == []
+    B, s, blocks = params["block_size"], got["sorted_token_ids"], got["expert_ids"].tolist()
+    total_blocks = int(got["num_tokens_post_padded"]) // B
+    starts = [b for b in range(total_blocks) if b == 0 or blocks[b] != blocks[b - 1]] + [total_blocks]
+    for lo, hi in zip(starts, starts[1:]):  # shuffle each expert's whole segment, sentinels included
+        s[lo * B:hi * B] = s[lo * B:hi * B][torch.randperm((hi - lo) * B, generator=gen)]
+    assert s.tolist() != ref.align(got["topk_ids"], 896, B)["sorted_token_ids"].tolist()
+    assert ref.check(inputs, params, got, want, TOL) == []
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_make_inputs_deterministic_and_well_formed(name: str) -> None:
+    w = SPEC.workload(name)
+    a, b = inp.make_inputs(w.axes, 0, w.case), inp.make_inputs(w.axes, 0, w.case)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for k, t in a.items():
+        assert list(t.shape) == [eval_dim(d, w.axes) for d in SPEC.inputs[k].shape]
+        assert str(t.dtype) == "torch." + SPEC.inputs[k].dtype and t.device.type == "cpu"
+    if w.case != "group_negative_bias":
+        c = inp.make_inputs(w.axes, 1, w.case)
+        assert not torch.equal(a["router_logits"], c["router_logits"])
+
+
+def test_realistic_logits_are_skewed_and_correlated() -> None:
+    x = inp.make_inputs({"T": 64, "E": 896}, 0)["router_logits"]
+    mean = x.mean(dim=0)
+    assert float(mean.topk(9).values.mean() - mean.median()) > 1.5  # top 1% of experts are hot
+    assert 1.0 < float(x.std()) < 4.0 and bool(inp.make_inputs({"T": 4, "E": 896}, 0)["token_valid"].all())
+    centred = x - x.mean(dim=1, keepdim=True)
+    assert float(torch.corrcoef(centred[:8]).triu(1).sum() / 28) > 0.15  # tokens share a batch component (about 0.23)
+    bias = inp.make_inputs({"T": 1, "E": 896}, 0)["e_score_correction_bias"]
+    assert 0.01 < float(bias.abs().mean()) < 0.1
+
+
+def test_edge_cases_have_their_properties() -> None:
+    x = inp.make_inputs({"T": 1, "E": 8}, 0, "group_negative_bias")
+    assert x["router_logits"].tolist() == [[2, 1, 0, 0, -1, -1, -2, -2]] and (x["e_score_correction_bias"] == -1).all()
+    ties = inp.make_inputs({"T": 16, "E": 64}, 0, "ties")["router_logits"]
+    assert len(ties.unique()) <= 4 and (ties == ties[:, :1]).sum() > 16
+    sat = inp.make_inputs({"T": 3, "E": 896}, 0, "saturated")
+    assert (torch.sigmoid(sat["router_logits"]) == 1.0).float().mean() > 0.3 and (sat["e_score_correction_bias"] != 0).all()
+    valid = inp.make_inputs({"T": 12, "E": 32}, 0, "padding_rows")["token_valid"]
+    assert int((~valid).sum()) == 3
+    assert int((~inp.make_inputs({"T": 2, "E": 32}, 0, "padding_rows")["token_valid"]).sum()) == 1
+
+
+@pytest.mark.parametrize("case, axes", [("nope", {"T": 1, "E": 8}), ("group_negative_bias", {"T": 2, "E": 8}),
+                                        ("one_expert", {"T": 2, "E": 4}), ("padding_rows", {"T": 1, "E": 8})])
+def test_make_inputs_rejects_unknown_or_unusable_case(case: str, axes: dict) -> None:
+    with pytest.raises(ValueError, match=case):
+        inp.make_inputs(axes, 0, case)
+    if case == "nope":
+        with pytest.raises(ValueError, match="realistic, group_negative_bias"):
+            inp.make_inputs(axes, 0, case)
+
+
+# --- property test -----------------------------------------------------------------------------
+
+@st.composite
+def _configs(draw):
+    G = draw(st.sampled_from([1, 2, 4]))
+    per_group = draw(st.integers(1, 5))
+    TG = draw(st.integers(1, G))
+    T = draw(st.integers(1, 9))
+    cases = ["realistic"] + (["ties"] if G == 1 else []) + (["padding_rows"] if T >= 2 else [])
+    axes = dict(T=T, E=G * per_group, G=G, TG=TG, K=draw(st.integers(1, TG * per_group)), B=draw(st.sampled_from([1, 2, 3, 16])))
+    params = dict(top_k=axes["K"], n_group=G, topk_group=TG, block_size=axes["B"],
+                  renormalize=draw(st.booleans()), routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+    return axes, params, draw(st.sampled_from(cases)), draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_configs())
+def test_reference_invariants_and_agreement_property(config) -> None:
+    axes, params, case, seed = config
+    inputs = inp.make_inputs(axes, seed, case)
+    want = ref.reference(inputs, params)
+    _assert_alignment_invariants(want["topk_ids"], inputs["token_valid"], axes["E"], axes["B"], want)
+    assert ref.check(inputs, params, _standard(inputs, params), want, TOL) == []
