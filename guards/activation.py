@@ -70,7 +70,7 @@ class ActivationGuard:
         wrong, ran, expected_ls = [], 0, 0
         for case in ctx.artifacts["cases"]:
             batch = case["axes"][task.scope.batch_axis]
-            phase = next((c.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
+            phase = next((c.workload.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
             expect = LS if claims(claimed, phase=phase, batch=batch, device=ctx.device, dtype=dtype) else "standard"
             expected_ls += expect == LS
             seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls

@@ -41,6 +41,13 @@ def _print_result(result, path: Path) -> None:
     console.print(str(path))
 
 
+def _exit_code(result) -> int:
+    """0 accepted, 2 when a guard broke (ERROR: the verdict is not a judgement), else 1."""
+    if result.accepted:
+        return EXIT_ACCEPTED
+    return EXIT_ERROR if any(v.status.value == "ERROR" for v in result.verdicts) else EXIT_REJECTED
+
+
 def _fail(exc: Exception) -> None:
     err.print(f"[red]error:[/] {exc}")
     raise typer.Exit(EXIT_ERROR)
@@ -68,7 +75,7 @@ def run(
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _print_result(result, path)
-    raise typer.Exit(EXIT_ACCEPTED if result.accepted else EXIT_REJECTED)
+    raise typer.Exit(_exit_code(result))
 
 
 @app.command()
@@ -88,7 +95,7 @@ def verify(
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _print_result(result, path)
-    raise typer.Exit(EXIT_ACCEPTED if result.accepted else EXIT_REJECTED)
+    raise typer.Exit(_exit_code(result))
 
 
 @app.command()

@@ -9,6 +9,7 @@ import logging
 import secrets
 import shlex
 import time
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -47,10 +48,12 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
         try:
             v = g.check(ctx)
         except Exception as exc:
-            logger.exception("guard %s raised", g.name)
+            logger.debug("guard %s raised", g.name, exc_info=True)
+            tb = "".join(traceback.format_exception(exc, limit=-6))[-3000:]
             v = Verdict(guard=g.name, status=Status.ERROR,
                         summary=f"The guard itself failed: {type(exc).__name__}: {exc}",
-                        evidence=(Evidence(name="exception", value=f"{type(exc).__name__}: {exc}"),))
+                        evidence=(Evidence(name="exception", value=f"{type(exc).__name__}: {exc}"),
+                                  Evidence(name="traceback", value=tb)))
         v = v.with_duration(time.monotonic() - t0)
         verdicts.append(v)
         if v.status in (Status.FAIL, Status.ERROR):
