@@ -1,0 +1,5 @@
+"""``python -m workbench``: the same CLI as the ``workbench`` console script."""
+
+from workbench.cli import app
+
+app()
