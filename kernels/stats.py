@@ -9,7 +9,6 @@ Mann & Whitney (1947), U test with the normal approximation and tie correction.
 from __future__ import annotations
 
 import math
-import random
 from typing import Sequence
 
 
@@ -39,18 +38,32 @@ def bootstrap_ratio_ci(
 
     Returns:
         ``(low, high)`` bounds of the ratio.
+
+    Raises:
+        ValueError: an empty sample.
     """
-    rng = random.Random(seed)
-    n1, n2 = len(num), len(den)
-    ratios = []
-    for _ in range(resamples):
-        a = median([num[rng.randrange(n1)] for _ in range(n1)])
-        b = median([den[rng.randrange(n2)] for _ in range(n2)])
-        ratios.append(a / b if b > 0 else math.inf)
-    ratios.sort()
+    import torch
+
+    if not num or not den:
+        raise ValueError("bootstrap_ratio_ci needs two non-empty samples.")
+    g = torch.Generator().manual_seed(seed)
+    a = torch.tensor(list(num), dtype=torch.float64)
+    b = torch.tensor(list(den), dtype=torch.float64)
+    ia = torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)
+    ib = torch.randint(0, b.numel(), (resamples, b.numel()), generator=g)
+    ma = _median_rows(a[ia])
+    mb = _median_rows(b[ib])
+    ratios = torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)).sort().values
     lo_i = int(math.floor((1 - confidence) / 2 * resamples))
     hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
-    return ratios[lo_i], ratios[hi_i]
+    return float(ratios[lo_i]), float(ratios[hi_i])
+
+
+def _median_rows(x):
+    """Row-wise median with the two middle values averaged for even lengths (like :func:`median`)."""
+    s = x.sort(dim=1).values
+    n = s.shape[1]
+    return s[:, n // 2] if n % 2 else 0.5 * (s[:, n // 2 - 1] + s[:, n // 2])
 
 
 def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> float:

@@ -29,7 +29,11 @@ STATUS_STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim
 def _root(repo: Optional[Path]) -> Path:
     from workbench.worktree import open_repo
 
-    return Path(open_repo(repo or Path.cwd()).working_dir)
+    try:
+        return Path(open_repo(repo or Path.cwd()).working_dir)
+    except WorkbenchError as exc:
+        _fail(exc)
+        raise  # unreachable: _fail exits
 
 
 def _print_result(result, path: Path) -> None:

@@ -1,0 +1,43 @@
+"""End to end: every fixture of every task is judged as its folder and name say, through the real
+worktree + guards pipeline (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from workbench.fixtures import fixture_outcome_ok, list_fixtures
+from workbench.pipeline import run_candidate
+from workbench.taskspec import list_task_ids, load_task
+
+CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(load_task(REPO_ROOT, tid))]
+
+
+@pytest.mark.parametrize("task_id, fx", CASES, ids=[f"{t}:{f.name}" for t, f in CASES])
+def test_fixture_judged_as_named(project_repo, task_id, fx):
+    src = project_repo / fx.path.relative_to(REPO_ROOT)
+    result, path = run_candidate(project_repo, task_id, str(src), device="cpu")
+    failure = result.first_failure()
+    assert fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None), (
+        f"{fx.name}: accepted={result.accepted}, first failure={failure and failure.one_line()}")
+    # the result file on disk is the same document, with a report beside it
+    data = json.loads(path.read_text())
+    assert data["accepted"] == result.accepted and data["schema_version"] == 1
+    assert path.with_suffix(".md").read_text().startswith(f"# {task_id}: {'ACCEPTED' if result.accepted else 'REJECTED'}")
+    if fx.good:
+        assert [v.status.value for v in result.verdicts] == ["PASS"] * len(result.verdicts)
+        assert all(c.passed and c.implementation == "latency_specialized" for c in result.cases)
+        assert all(p.speedup > 1.0 for p in result.perf if p.verdict != "not_claimed")
+    else:
+        assert failure.evidence, "a FAIL must carry evidence"
+        assert "\n" not in failure.summary  # one line says why
+        later = result.verdicts[[v.guard for v in result.verdicts].index(failure.guard) + 1:]
+        assert all(v.status.value == "SKIP" for v in later)  # first FAIL stops the run
+
+
+def test_every_task_has_good_and_bad_fixtures():
+    for tid in list_task_ids(REPO_ROOT):
+        fxs = list_fixtures(load_task(REPO_ROOT, tid))
+        assert any(f.good for f in fxs) and any(not f.good for f in fxs), tid

@@ -1,0 +1,105 @@
+"""Task spec loading: the real task loads; every kind of bad spec fails naming file, field, expected, got."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench.errors import TaskSpecError
+from workbench.taskspec import eval_dim, list_task_ids, load_task, load_task_file, shape_names
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "tasks" / "k3_moe_dispatch"
+
+
+def test_real_task_loads_with_k3_and_mini_sizes():
+    t = load_task(REPO, "k3_moe_dispatch")
+    assert t.task_id == "k3_moe_dispatch"
+    assert t.allowed_paths == ("k3_model/kernels/moe_dispatch/**",)
+    experts = {w.axes["E"] for w in t.correctness.workloads}
+    assert {896, 32} <= experts  # real K3 and K3-mini both appear
+    assert {w.axes["K"] for w in t.correctness.workloads if w.axes["E"] == 896} == {16}
+    assert set(t.perf.workloads) <= {w.name for w in t.correctness.workloads}
+    assert "k3_moe_dispatch" in list_task_ids(REPO)
+    with pytest.raises(Exception):  # frozen
+        t.op = "x"  # type: ignore[misc]
+
+
+def _task_with(tmp_path: Path, edit) -> Path:
+    d = tmp_path / "tasks" / "k3_moe_dispatch"
+    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns("fixtures", "__pycache__"))
+    p = d / "task.toml"
+    p.write_text(edit(p.read_text()))
+    return p
+
+
+@pytest.mark.parametrize(
+    "edit, must_contain",
+    [
+        (lambda s: s.replace('op = "moe_dispatch"', 'op = "moe_dispatch"\nfavourite_colour = "red"'),
+         ["field 'favourite_colour'", "unknown field", "got 'red'"]),
+        (lambda s: s.replace('shape = ["T", "E"]', 'shape = ["T", "N"]', 1),
+         ["undefined axis 'N'", "defined axes", "Add it to [axes]"]),
+        (lambda s: s.replace('workloads = ["k3_t1",', 'workloads = ["k3_t999",'),
+         ["perf.workloads names 'k3_t999'", "every perf shape must also be a correctness shape"]),
+        (lambda s: s.replace('source = "shared/reference/kernel_targets.md §3.5 (fp32 weights rtol 1e-5, atol 1e-6)"\n', ""),
+         ["correctness.tolerance.topk_weights.source", "required field is missing"]),
+        (lambda s: s.replace('allowed_paths = ["k3_model/kernels/moe_dispatch/**"]', 'allowed_paths = ["guards/**"]'),
+         ["must lie under k3_model/"]),
+        (lambda s: s.replace('allowed_paths = ["k3_model/kernels/moe_dispatch/**"]', 'allowed_paths = ["k3_model/../guards/**"]'),
+         ["must be relative and stay inside the tree"]),
+        (lambda s: s.replace('batch_max = 64', 'batch_max = 0'), ["scope.batch_max"]),
+        (lambda s: s.replace('dtype = "float32"', 'dtype = "float33"', 1), ["inputs.router_logits.dtype", "float33"]),
+        (lambda s: s.replace('axes = { T = 1, E = 896, K = 16, G = 1, TG = 1, B = 16 }', 'axes = { T = 1, E = 896 }', 1),
+         ["workload 'k3_t1' sets axes ['E', 'T']", "expected exactly"]),
+        (lambda s: s.replace('name = "k3_t2"', 'name = "k3_t1"', 1), ["name 'k3_t1' appears twice"]),
+        (lambda s: s.replace('shape = ["T*K + E*(B-1)"]', 'shape = ["__import__(1)"]'), ["uses Call", "allowed"]),
+        (lambda s: s + '\n[scope]\ndevices = ["cpu"]\n', ["not valid TOML"]),  # duplicate table
+    ],
+)
+def test_bad_spec_names_file_field_expected_got(tmp_path, edit, must_contain):
+    p = _task_with(tmp_path, edit)
+    with pytest.raises(TaskSpecError) as ei:
+        load_task_file(p)
+    msg = str(ei.value)
+    assert "k3_moe_dispatch" in msg and str(p.parent) in msg or "task.toml" in msg
+    for fragment in must_contain:
+        assert fragment in msg, (fragment, msg)
+
+
+def test_unknown_task_lists_known_ones():
+    with pytest.raises(TaskSpecError, match="known tasks: .*k3_moe_dispatch"):
+        load_task(REPO, "no_such_task")
+
+
+def test_missing_reference_is_named(tmp_path):
+    p = _task_with(tmp_path, lambda s: s)
+    (p.parent / "reference.py").unlink()
+    with pytest.raises(TaskSpecError, match="reference.py is missing"):
+        load_task_file(p)
+
+
+def test_loader_owned_fields_are_refused(tmp_path):
+    p = _task_with(tmp_path, lambda s: 'task_id = "other"\n' + s)
+    with pytest.raises(TaskSpecError, match="set by the loader"):
+        load_task_file(p)
+
+
+@pytest.mark.parametrize(
+    "expr, axes, value",
+    [("T", {"T": 7}, 7), ("T*K + E*(B-1)", {"T": 2, "K": 16, "E": 896, "B": 16}, 2 * 16 + 896 * 15),
+     ("cdiv(T*K + E*(B-1), B)", {"T": 1, "K": 1, "E": 1, "B": 16}, 1), ("cdiv(17, 16)", {}, 2),
+     ("max(T, 4) // 2", {"T": 9}, 4), ("1", {}, 1)],
+)
+def test_eval_dim(expr, axes, value):
+    assert eval_dim(expr, axes) == value
+
+
+def test_eval_dim_rejects_unknown_axis_and_code():
+    with pytest.raises(ValueError, match="needs axis 'Q'"):
+        eval_dim("Q + 1", {"T": 1})
+    with pytest.raises(ValueError, match="allowed"):
+        eval_dim("T.bit_length()", {"T": 1})
+    assert shape_names("cdiv(T*K, B)") == {"T", "K", "B"}

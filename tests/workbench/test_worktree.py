@@ -1,0 +1,93 @@
+"""Candidate worktrees: patch, folder and branch sources; numbering; clean trees; failures roll back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import git as gitpython
+import pytest
+
+from tests.conftest import git
+from workbench.errors import CandidateError
+from workbench.worktree import create_candidate, remove_candidate
+
+GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
+PATCH = "tasks/k3_moe_dispatch/fixtures/bad/isolation-edits-test.patch"
+KFILE = "k3_model/kernels/moe_dispatch/__init__.py"
+
+
+def _branches(repo: Path) -> list[str]:
+    return [h.name for h in gitpython.Repo(repo).heads]
+
+
+def test_folder_candidate_is_committed_in_its_own_worktree(fresh_repo):
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    assert c.kind == "folder" and c.branch == "wb/k3_moe_dispatch/1"
+    assert c.worktree == fresh_repo / ".workbench" / "worktrees" / "k3_moe_dispatch-1"
+    assert c.base_commit == git(fresh_repo, "rev-parse", "HEAD")
+    wt = gitpython.Repo(c.worktree)
+    assert wt.head.commit.hexsha == c.candidate_commit
+    assert wt.head.commit.parents[0].hexsha == c.base_commit
+    assert [d.b_path for d in wt.head.commit.parents[0].diff(wt.head.commit)] == [KFILE]
+    assert not wt.is_dirty(untracked_files=True)
+    assert (c.worktree / KFILE).read_bytes() == (fresh_repo / GOOD / KFILE).read_bytes()
+    # the main checkout is untouched
+    assert not (fresh_repo / KFILE).exists()
+    assert gitpython.Repo(fresh_repo).active_branch.name == "main"
+
+
+def test_numbering_increments_and_patch_applies(fresh_repo):
+    c1 = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    c2 = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / PATCH))
+    assert (c1.branch, c2.branch) == ("wb/k3_moe_dispatch/1", "wb/k3_moe_dispatch/2")
+    assert c2.kind == "patch"
+    assert (c2.worktree / "tests/guards/test_zz_candidate_relaxed.py").is_file()
+
+
+def test_branch_candidate_uses_merge_base(fresh_repo):
+    git(fresh_repo, "checkout", "-qb", "contrib")
+    (fresh_repo / KFILE).write_text("SCOPE = None\n")
+    git(fresh_repo, "add", "-A")
+    git(fresh_repo, "commit", "-qm", "contrib")
+    tip = git(fresh_repo, "rev-parse", "HEAD")
+    git(fresh_repo, "checkout", "-q", "main")
+    base = git(fresh_repo, "rev-parse", "HEAD")
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", "contrib")
+    assert (c.kind, c.candidate_commit, c.base_commit) == ("branch", tip, base)
+
+
+def test_patch_that_does_not_apply_rolls_back(fresh_repo, tmp_path):
+    bad = tmp_path / "bad.patch"
+    bad.write_text("diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(CandidateError, match="does not apply to base"):
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(bad))
+    assert not any(b.startswith("wb/") for b in _branches(fresh_repo))
+    assert not (fresh_repo / ".workbench" / "worktrees" / "k3_moe_dispatch-1").exists()
+
+
+def test_empty_candidate_and_unknown_source_are_errors(fresh_repo, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CandidateError, match="changes nothing"):
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(empty))
+    with pytest.raises(CandidateError, match="not a patch file, not a folder and not a git branch"):
+        create_candidate(fresh_repo, "k3_moe_dispatch", "no/such/thing")
+    assert not any(b.startswith("wb/") for b in _branches(fresh_repo))
+
+
+def test_ignored_leftovers_are_removed_from_the_worktree(fresh_repo, tmp_path):
+    overlay = tmp_path / "overlay"
+    (overlay / "k3_model/kernels/moe_dispatch").mkdir(parents=True)
+    (overlay / KFILE).write_text("x = 1\n")
+    # .gitignore ignores __pycache__: a planted .pyc must not survive into the judged tree
+    (overlay / "k3_model/__pycache__").mkdir()
+    (overlay / "k3_model/__pycache__/dispatch.cpython-311.pyc").write_bytes(b"\0evil")
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(overlay))
+    assert not (c.worktree / "k3_model/__pycache__/dispatch.cpython-311.pyc").exists()
+
+
+def test_remove_candidate(fresh_repo):
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    remove_candidate(fresh_repo, c.worktree, c.branch)
+    assert not c.worktree.exists()
+    assert c.branch not in _branches(fresh_repo)
