@@ -1,0 +1,142 @@
+"""Guards on small hand-made candidates: crashes, hangs, unwritten outputs, exceptions, scope claims,
+and the pipeline's ERROR/SKIP policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from guards.activation import ActivationGuard, scope_excess
+from guards.base import GuardContext
+from guards.correctness import CorrectnessGuard
+from guards.verdict import Evidence, Status, Verdict
+from workbench.errors import WorkbenchError
+from workbench.pipeline import is_accepted, run_guards
+from workbench.results import read_result
+from workbench.taskspec import load_task
+from workbench.worktree import create_candidate
+
+GOOD = Path("tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py")
+HEADER = '''
+import torch
+from k3_model.dispatch import OpScope
+SCOPE = OpScope(devices=("cpu",), batch_min=1, batch_max=64)
+'''
+
+
+def _candidate(repo: Path, tmp_path: Path, body: str, name: str) -> GuardContext:
+    overlay = tmp_path / name
+    f = overlay / "k3_model/kernels/moe_dispatch/__init__.py"
+    f.parent.mkdir(parents=True)
+    f.write_text(body)
+    c = create_candidate(repo, "k3_moe_dispatch", str(overlay))
+    task = load_task(repo, "k3_moe_dispatch")
+    # keep these runs small: fixed workloads only, a short timeout
+    task = task.model_copy(update={
+        "correctness": task.correctness.model_copy(update={"random_draws": 0}),
+        "timeouts": task.timeouts.model_copy(update={"correctness_s": 20.0}),
+    })
+    return GuardContext(task=task, repo_root=repo, worktree=c.worktree, base_commit=c.base_commit,
+                        candidate_commit=c.candidate_commit, device="cpu", seed=123)
+
+
+def test_candidate_exception_is_fail_with_the_error(project_repo, tmp_path):
+    ctx = _candidate(project_repo, tmp_path, HEADER + "def moe_route_dispatch(*a, **k):\n    raise NotImplementedError('todo')\n", "raises")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "raised NotImplementedError: todo" in v.summary
+
+
+def test_unwritten_output_is_caught_by_poison(project_repo, tmp_path):
+    src = (project_repo / GOOD).read_text().replace("    sorted_token_ids.fill_(numel)\n", "")
+    ctx = _candidate(project_repo, tmp_path, src, "no-fill")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "sorted_token_ids" in v.summary
+    assert any("-7777" in str(e.value) or "poison" in str(e.value) or "sentinel" in str(e.value) for e in v.evidence)
+
+
+def test_crashing_child_is_fail_not_error(project_repo, tmp_path):
+    ctx = _candidate(project_repo, tmp_path, HEADER + "import os\ndef moe_route_dispatch(*a, **k):\n    os._exit(3)\n", "exit")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "child exited with status 3" in v.summary
+
+
+def test_hanging_child_is_killed_and_fails(project_repo, tmp_path):
+    ctx = _candidate(project_repo, tmp_path, HEADER + "import time\ndef moe_route_dispatch(*a, **k):\n    time.sleep(3600)\n", "hang")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "exceeded its 20 s limit" in v.summary
+    assert next(e.value for e in v.evidence if e.name == "child_duration") < 60
+
+
+def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
+    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=128")
+    ctx = _candidate(project_repo, tmp_path, src, "wide")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    v = ActivationGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "batch [1, 128] exceeds the task's [1, 64]" in v.summary
+
+
+def test_narrow_scope_passes_activation_and_records_fallbacks(project_repo, tmp_path):
+    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=8")
+    ctx = _candidate(project_repo, tmp_path, src, "narrow")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    v = ActivationGuard().check(ctx)
+    assert v.status is Status.PASS
+    impl = {c["name"]: c["implementation"] for c in ctx.artifacts["cases"]}
+    assert impl["k3_t8"] == "latency_specialized" and impl["k3_t16"] == "standard" and impl["k3_t64"] == "standard"
+
+
+def test_scope_excess_lists_every_excess():
+    task = load_task(Path(__file__).resolve().parents[2], "k3_moe_dispatch")
+    out = scope_excess({"devices": ["cpu", "tpu"], "phases": ["decode", "prefill"], "tp_sizes": [1, 8],
+                        "dtypes": ["float32"], "batch_min": 1, "batch_max": 64}, task.scope)
+    assert out == ["devices ['tpu'] not in the task's ['cpu', 'cuda']",
+                   "phases ['prefill'] not in the task's ['decode']", "tp_sizes [8] not in the task's [1]"]
+
+
+class _Boom:
+    name = "boom"
+
+    def check(self, ctx):
+        raise KeyError("guard bug")
+
+
+class _Pass:
+    def __init__(self, name):
+        self.name = name
+
+    def check(self, ctx):
+        return Verdict(guard=self.name, status=Status.PASS, summary="fine")
+
+
+def test_guard_exception_is_error_and_stops_the_run():
+    vs = run_guards(None, [_Pass("isolation"), _Boom(), _Pass("activation")])  # type: ignore[arg-type]
+    assert [v.status for v in vs] == [Status.PASS, Status.ERROR, Status.SKIP]
+    assert "KeyError" in vs[1].summary and vs[2].summary == "Not run: boom did not pass."
+    assert not is_accepted(vs)
+    assert is_accepted(run_guards(None, [_Pass("isolation"), _Pass("activation")]))  # type: ignore[arg-type]
+    assert not is_accepted(run_guards(None, [_Pass("isolation")]))  # no proof the path ran
+
+
+def test_verdict_rules():
+    with pytest.raises(ValueError, match="FAIL needs at least one evidence item"):
+        Verdict(guard="x", status=Status.FAIL, summary="bad")
+    v = Verdict(guard="x", status=Status.FAIL, summary="bad", evidence=(Evidence(name="n", value=1.5, unit="us"),))
+    with pytest.raises(Exception):
+        v.summary = "other"  # type: ignore[misc]
+
+
+def test_result_file_version_is_checked(tmp_path):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(WorkbenchError, match="schema_version 99; this workbench reads version 1"):
+        read_result(p)
+    p.write_text("{not json")
+    with pytest.raises(WorkbenchError, match="not JSON"):
+        read_result(p)
