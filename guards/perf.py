@@ -2,8 +2,8 @@
 
 Baseline = the standard path, candidate = the dispatcher with ``decode_backend=latency_specialized``,
 same inputs, same child process, interleaved A B A B after warm-up. Per configuration: medians, a
-bootstrap interval of the speedup (baseline / candidate), and a one-sided Mann-Whitney test that the
-candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at
+bootstrap interval of the per-pair speedup (baseline / candidate), and a one-sided Wilcoxon
+signed-rank test that the candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at
 ``alpha``; inside the claimed scope the speedup must reach ``min_speedup`` with the interval's lower
 bound above 1. On CPU the timer is the CPU clock (the mechanism is what CI tests); on CUDA events.
 
@@ -17,7 +17,7 @@ from guards.base import GuardContext
 from guards.cases import build_case
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
-from kernels.stats import bootstrap_ratio_ci, mann_whitney_greater, median
+from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
 
 WALL_SLACK = 1.05
 """Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
@@ -25,10 +25,14 @@ WALL_SLACK = 1.05
 
 def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_speedup: float,
              confidence: float, alpha: float, seed: int = 0) -> dict:
-    """Statistics and verdict for one configuration.
+    """Statistics and verdict for one configuration, from interleaved pairs.
+
+    The speedup is the median of per-pair ratios baseline[i] / candidate[i] (pairs were timed back to
+    back, so load from other processes cancels); its interval is a bootstrap over pairs; the slowdown
+    test is a one-sided Wilcoxon signed-rank test on the log ratios.
 
     Args:
-        base_us, cand_us: per-call samples (microseconds).
+        base_us, cand_us: paired per-call samples (microseconds), same length.
         claimed: the candidate claims its path here (a gain is required).
         max_regression_pct: tolerated slowdown (percent).
         min_speedup: required speedup where claimed (ratio).
@@ -37,11 +41,11 @@ def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_
 
     Returns:
         dict with baseline/candidate medians (us), speedup, speedup_ci, p_slower, verdict.
+
+    Source: kernels/stats.py (paired bootstrap, Wilcoxon 1945); thresholds from the task's [perf].
     """
-    mb, mc = median(base_us), median(cand_us)
-    speedup = mb / mc if mc > 0 else float("inf")
-    lo, hi = bootstrap_ratio_ci(base_us, cand_us, confidence=confidence, resamples=1000, seed=seed)
-    p_slower = mann_whitney_greater(cand_us, base_us)
+    speedup, (lo, hi) = paired_ratio_ci(base_us, cand_us, confidence=confidence, resamples=1000, seed=seed)
+    p_slower = wilcoxon_greater(cand_us, base_us)
     if speedup < 1.0 / (1.0 + max_regression_pct / 100.0) and p_slower < alpha:
         verdict = "regression"
     elif claimed and not (speedup >= min_speedup and lo > 1.0):
@@ -50,7 +54,7 @@ def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_
         verdict = "gain"
     else:
         verdict = "neutral"
-    return {"baseline_median_us": mb, "candidate_median_us": mc, "speedup": speedup,
+    return {"baseline_median_us": median(base_us), "candidate_median_us": median(cand_us), "speedup": speedup,
             "speedup_ci": (lo, hi), "p_slower": p_slower, "verdict": verdict}
 
 
@@ -94,7 +98,7 @@ class PerfGuard:
                                evidence=(Evidence(name="child_problem", value=why),
                                          Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:])))
             by_name = {p.get("name"): p for p in outcome.response.get("perf", []) if isinstance(p, dict)}
-            timer = "cuda_event" if ctx.device == "cuda" else "cpu_perf_counter"
+            timer = "cuda_event" if ctx.device == "cuda" else "cpu_thread_time"
             for i, c in enumerate(timed):
                 p = by_name.get(c.name)
                 if p is None:

@@ -1,6 +1,7 @@
 """Timing of one op call, candidate and baseline interleaved (A B A B), on CPU or CUDA.
 
-CPU: ``time.perf_counter_ns`` around each call. CUDA: events on the current stream with a
+CPU: the calling thread's CPU clock (``time.thread_time_ns``) around each call, so load from other
+processes does not leak into the samples (the child runs torch with one intra-op thread). CUDA: events on the current stream with a
 device-wide synchronize before the end event is read, so work left on side streams is counted.
 
 Source: DESIGN.md "Trust model" (timing cross-checked); issue 3 extends this harness (L2 flush,
@@ -16,9 +17,11 @@ import torch
 
 
 def _cpu_time_us(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter_ns()
+    # CPU time of this thread, not wall time: other processes on a shared machine do not inflate it.
+    # The child pins torch to one intra-op thread (OMP_NUM_THREADS=1), so the op's work is on this thread.
+    t0 = time.thread_time_ns()
     fn()
-    return (time.perf_counter_ns() - t0) / 1e3
+    return (time.thread_time_ns() - t0) / 1e3
 
 
 def _cuda_time_us(fn: Callable[[], object]) -> float:

@@ -56,11 +56,11 @@ class PerfResult(_Model):
         implementation: what the candidate side ran.
         baseline_us, candidate_us: per-call samples (microseconds).
         baseline_median_us, candidate_median_us: medians (microseconds).
-        speedup: baseline median / candidate median (ratio).
-        speedup_ci: bootstrap confidence interval of the speedup (ratio, ratio).
-        p_slower: one-sided p-value that the candidate is slower (Mann-Whitney U).
+        speedup: median of per-pair ratios baseline / candidate (ratio).
+        speedup_ci: bootstrap confidence interval of that median over pairs (ratio, ratio).
+        p_slower: one-sided p-value that the candidate is slower (Wilcoxon signed-rank on log ratios).
         verdict: ``gain``, ``neutral``, ``regression`` or ``no_gain``.
-        timer: ``cpu_perf_counter`` or ``cuda_event``.
+        timer: ``cpu_thread_time`` or ``cuda_event``.
     """
 
     name: str
