@@ -70,6 +70,7 @@ def run(
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     seed: Optional[int] = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
+    no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
 ) -> None:
     """Judge a candidate: worktree from the base, apply, commit, run every guard, write the result file."""
     from workbench.pipeline import run_candidate
@@ -78,6 +79,10 @@ def run(
         result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
+    if not no_queue:
+        from workbench.review.cli import enqueue_accepted
+
+        enqueue_accepted(_root(repo), result, path)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
 
@@ -90,6 +95,7 @@ def verify(
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     seed: Optional[int] = typer.Option(None, help="Run-time seed."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file."""
     from workbench.pipeline import run_candidate
@@ -98,6 +104,10 @@ def verify(
         result, path = run_candidate(_root(repo), task_id, branch, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
+    if not no_queue:
+        from workbench.review.cli import enqueue_accepted
+
+        enqueue_accepted(_root(repo), result, path)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
 
@@ -218,6 +228,12 @@ def selftest(
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     raise typer.Exit(0 if ok else 1)
+
+
+from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue; light imports only)
+
+app.add_typer(review_app, name="review")
+app.command()(ui)
 
 
 def main() -> None:  # pragma: no cover - console entry for python -m

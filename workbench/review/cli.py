@@ -1,0 +1,232 @@
+"""``workbench review list|show|approve|reject|submit`` and ``workbench ui``.
+
+Errors come back as one line on stderr and exit code 2; a refused approval (stale, a verdict not
+PASS, a conflicting merge) is exit code 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from workbench.errors import WorkbenchError
+
+review_app = typer.Typer(no_args_is_help=True, help="The human review queue: evidence first, approve to merge.")
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+STATE_STYLE = {"queued": "blue", "approved": "cyan", "merged": "green", "rejected": "red", "stale": "magenta"}
+DB_HELP = "SQLAlchemy URL of the queue (default: $WORKBENCH_DB, else sqlite .workbench/queue.db)."
+REPO_HELP = "The repository (default: the repo around the cwd)."
+REVIEWER_HELP = "Who reviews (default: git config user.name)."
+
+
+def _root(repo: Optional[Path]) -> Path:
+    from workbench.worktree import open_repo
+
+    return Path(open_repo(repo or Path.cwd()).working_dir)
+
+
+def _fail(exc: Exception, code: int = 2) -> None:
+    err.print(f"[red]error:[/] {exc}", markup=True)
+    raise typer.Exit(code)
+
+
+def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
+    """Called by ``run``/``verify`` after the result file is written: queue it when accepted.
+
+    Prints one line to stderr (stdout's last line stays the result path); a broken store is reported
+    and does not change the run's exit code (the result file is the run's product).
+    """
+    if not result.accepted:
+        return
+    from workbench.review.service import open_store, submit_result
+
+    try:
+        store = open_store(repo_root)
+        item, created = submit_result(store, result_path)
+        store.close()
+    except WorkbenchError as exc:
+        err.print(f"[yellow]review queue:[/] not queued: {exc}")
+        return
+    err.print(f"review queue: {'queued' if created else 'already queued'} as #{item.id} "
+              f"(workbench review show {item.id})")
+
+
+def _open(db: Optional[str], repo: Optional[Path]):
+    from workbench.review.service import open_store
+
+    root = _root(repo)
+    return root, open_store(root, db)
+
+
+def _state_cell(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+@review_app.command("list")
+def list_(
+    state: Optional[list[str]] = typer.Option(None, "--state", "-s", help="Only these states (repeatable)."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """The queue: one row per candidate, oldest first."""
+    from workbench.review.store import State
+
+    try:
+        valid = {s.value for s in State}
+        bad = [s for s in state or [] if s not in valid]
+        if bad:
+            raise WorkbenchError(f"--state {bad[0]!r}: expected one of {', '.join(sorted(valid))}.")
+        _, store = _open(db, repo)
+        items = store.items([State(s) for s in state] if state else None)
+    except WorkbenchError as exc:
+        _fail(exc)
+    t = Table(title=f"review queue ({len(items)})")
+    for col in ("id", "task", "state", "branch", "base", "candidate", "target", "updated (UTC)", "reason"):
+        t.add_column(col)
+    for it in items:
+        t.add_row(str(it.id), it.task_id, _state_cell(it.state), it.branch, it.base_commit[:10],
+                  it.candidate_commit[:10], it.target_branch, it.updated_at[:19], (it.reason or "")[:60])
+    console.print(t)
+
+
+@review_app.command()
+def show(
+    item_id: int = typer.Argument(..., help="Queue id."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """One candidate: verdicts, perf, changed paths, merge check, history."""
+    from workbench.review import gitops, service
+
+    try:
+        root, store = _open(db, repo)
+        item = store.get(item_id)
+        result = service.load_item_result(item)
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"#{item.id} {item.task_id} {_state_cell(item.state)}  {item.branch} "
+                  f"{item.base_commit[:10]} -> {item.candidate_commit[:10]} into {item.target_branch}")
+    if item.reason:
+        console.print(f"reason: {item.reason}")
+    if item.merge_commit:
+        console.print(f"merge commit: {item.merge_commit}")
+    t = Table(title="verdicts")
+    for col in ("guard", "status", "summary"):
+        t.add_column(col)
+    for v in result.verdicts:
+        t.add_row(v.guard, v.status.value, v.summary)
+    console.print(t)
+    if result.perf:
+        p = Table(title="perf (median per call)")
+        for col in ("config", "axes", "baseline (us)", "candidate (us)", "speedup", "CI", "verdict"):
+            p.add_column(col)
+        for r in result.perf:
+            p.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.axes.items()), f"{r.baseline_median_us:.1f}",
+                      f"{r.candidate_median_us:.1f}", f"{r.speedup:.3f}x",
+                      f"[{r.speedup_ci[0]:.3f}, {r.speedup_ci[1]:.3f}]", r.verdict)
+        console.print(p)
+    console.print(f"changed paths: {', '.join(result.candidate.changed_paths)}")
+    if item.state in ("queued", "approved"):
+        import git
+
+        try:
+            chk = gitops.check_merge(git.Repo(root), item.target_branch, item.base_commit, item.candidate_commit)
+            console.print("merge: " + ("[magenta]stale[/] (base moved, conflicts: " + ", ".join(chk.conflicts) + ")"
+                                       if chk.stale else "clean" + (" (target moved since judgement)" if chk.base_moved else "")))
+        except WorkbenchError as exc:
+            console.print(f"merge check: {exc}")
+    console.print(f"reproduce: {result.command}")
+    h = Table(title="history")
+    for col in ("when (UTC)", "who", "from", "to", "note"):
+        h.add_column(col)
+    for tr in item.transitions:
+        h.add_row(tr.at[:23], tr.who, tr.from_state or "", _state_cell(tr.to_state), (tr.note or "")[:100])
+    console.print(h)
+
+
+@review_app.command()
+def approve(
+    item_id: int = typer.Argument(..., help="Queue id."),
+    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """Approve a queued candidate and merge it into its target branch (refused when stale or not all PASS)."""
+    from workbench.review import service
+    from workbench.review.store import ReviewError
+
+    try:
+        root, store = _open(db, repo)
+        item = service.approve(store, root, item_id, reviewer=reviewer or service.default_reviewer(root))
+    except ReviewError as exc:
+        _fail(exc, 1)
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"#{item.id} merged into {item.target_branch} as {item.merge_commit}")
+
+
+@review_app.command()
+def reject(
+    item_id: int = typer.Argument(..., help="Queue id."),
+    reason: str = typer.Option(..., "--reason", "-r", help="What is wrong and what would fix it."),
+    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """Reject a candidate with a reason."""
+    from workbench.review import service
+    from workbench.review.store import ReviewError
+
+    try:
+        root, store = _open(db, repo)
+        item = service.reject(store, item_id, reviewer=reviewer or service.default_reviewer(root), reason=reason)
+    except ReviewError as exc:
+        _fail(exc, 1)
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"#{item.id} rejected: {item.reason}")
+
+
+@review_app.command()
+def submit(
+    result_file: Path = typer.Argument(..., help="An accepted result .json."),
+    target: str = typer.Option("main", "--target", help="Branch to merge into on approval."),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """Queue a result file by hand (run/verify do it automatically for accepted candidates)."""
+    from workbench.review import service
+
+    try:
+        _, store = _open(db, repo)
+        item, created = service.submit_result(store, result_file, target_branch=target,
+                                              who=service.default_reviewer(repo))
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"{'queued' if created else 'already queued'} as #{item.id}")
+
+
+def ui(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on (keep 127.0.0.1 unless behind auth)."),
+    port: int = typer.Option(8765, help="TCP port."),
+    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+) -> None:
+    """Serve the review web UI (the queue, one page per candidate, approve/reject forms)."""
+    import uvicorn
+
+    from workbench.review.web import create_app
+
+    try:
+        root, store = _open(db, repo)
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"review UI on http://{host}:{port}/ (queue {store.url}); Ctrl-C stops it")
+    uvicorn.run(create_app(store, root, reviewer=reviewer), host=host, port=port, log_level="warning")

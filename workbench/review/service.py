@@ -1,0 +1,216 @@
+"""Review operations on top of the store: submit accepted results, approve (merge), reject, staleness.
+
+Policy (issue 5): only results the guards accepted enter the queue; approval re-reads the result
+file and refuses when its hash changed since submission, when any verdict is FAIL or ERROR, when a
+verdict is SKIP and the result is not accepted, or when the candidate is stale. Approval then merges
+the judged commit (by SHA, not the branch name, so a branch moved after judgement changes nothing)
+and records ``merged``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+
+import git
+
+from guards.verdict import Status
+from workbench.errors import WorkbenchError
+from workbench.results import RunResult, file_sha256, read_result
+from workbench.worktree import git_lock
+from workbench.review import gitops
+from workbench.review.store import ReviewError, ReviewItem, ReviewStore, State, default_db_url
+
+DEFAULT_TARGET = "main"
+
+
+def open_store(repo_root: Path, db: str | None = None) -> ReviewStore:
+    """The store at ``db`` (a SQLAlchemy URL), else ``$WORKBENCH_DB``, else ``.workbench/queue.db``.
+
+    Raises:
+        ReviewError: the URL cannot be opened.
+    """
+    return ReviewStore(db or default_db_url(repo_root))
+
+
+def default_reviewer(repo_root: Path | None = None) -> str:
+    """``git config user.name`` of the repository, else the login name."""
+    try:
+        name = git.Repo(repo_root or Path.cwd(), search_parent_directories=True).config_reader().get_value(
+            "user", "name", default="")
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, OSError):
+        name = ""
+    return str(name).strip() or os.environ.get("USER") or getpass.getuser()
+
+
+def reviewer_email(repo_root: Path) -> str:
+    """``git config user.email``, else ``<name>@localhost``."""
+    try:
+        email = git.Repo(repo_root).config_reader().get_value("user", "email", default="")
+    except (OSError, git.InvalidGitRepositoryError):
+        email = ""
+    return str(email).strip() or "reviewer@localhost"
+
+
+def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str = DEFAULT_TARGET,
+                  who: str = "workbench") -> tuple[ReviewItem, bool]:
+    """Queue an accepted result file (idempotent per result id).
+
+    Returns:
+        ``(item, created)``.
+
+    Raises:
+        ReviewError: the result was rejected by the guards, or was queued before with other bytes.
+        workbench.errors.WorkbenchError: the file is missing or not a result file.
+    """
+    path = Path(result_path).resolve()
+    result = read_result(path)
+    if not result.accepted:
+        failure = result.first_failure()
+        why = f"{failure.guard} {failure.status.value}: {failure.summary}" if failure else "not accepted"
+        raise ReviewError(f"Result {path.name} was rejected by the guards ({why}); only accepted candidates "
+                          "enter the review queue. Fix the candidate and run it again.")
+    c = result.candidate
+    return store.add(result_id=result.result_id, result_path=str(path), result_sha256=file_sha256(path),
+                     task_id=result.task_id, branch=c.branch, base_commit=c.base_commit,
+                     candidate_commit=c.candidate_commit, target_branch=target_branch, who=who)
+
+
+def load_item_result(item: ReviewItem) -> RunResult:
+    """The item's result file, checked against the hash recorded at submission.
+
+    Raises:
+        ReviewError: the file is gone, unreadable, or its bytes changed.
+    """
+    path = Path(item.result_path)
+    try:
+        result = read_result(path)
+    except WorkbenchError as exc:
+        raise ReviewError(f"Review item #{item.id}: {exc}") from None
+    sha = file_sha256(path)
+    if sha != item.result_sha256:
+        raise ReviewError(f"Review item #{item.id}: result file {path} changed since submission (sha256 "
+                          f"{sha[:12]}, queued as {item.result_sha256[:12]}); the evidence cannot be trusted. "
+                          "Re-run `workbench verify` and review the new result.")
+    return result
+
+
+def verdict_refusal(result: RunResult) -> str | None:
+    """Why the verdicts forbid a merge, or None: FAIL/ERROR never; SKIP only when the result is accepted."""
+    for v in result.verdicts:
+        if v.status in (Status.FAIL, Status.ERROR):
+            return f"guard {v.guard} is {v.status.value}: {v.summary}"
+        if v.status is Status.SKIP and not result.accepted:
+            return f"guard {v.guard} was SKIP in a result the guards did not accept: {v.summary}"
+    if not result.accepted:
+        return "the guards did not accept the result"
+    return None
+
+
+def merge_message(item: ReviewItem, result: RunResult, reviewer: str) -> str:
+    """The merge commit message: subject, every verdict line, perf summary, provenance and result hash."""
+    lines = [f"Merge {item.branch}: {result.task_id} candidate (review #{item.id})", "",
+             f"Approved by {reviewer}; accepted by the workbench guards on {result.device}.", "", "Evidence:"]
+    lines += [f"  {v.one_line()}" for v in result.verdicts]
+    if result.perf:
+        lines += ["", "Speedup (baseline median / candidate median):"]
+        lines += [f"  {p.name:<14} {p.speedup:.3f}x CI [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}] {p.verdict}"
+                  for p in result.perf]
+    lines += ["", f"Changed-paths: {', '.join(result.candidate.changed_paths)}",
+              f"Base-commit: {result.candidate.base_commit}",
+              f"Candidate-commit: {result.candidate.candidate_commit}",
+              f"Result-file: {Path(item.result_path).name}",
+              f"Result-sha256: {item.result_sha256}",
+              f"Reproduce: {result.command}", ""]
+    return "\n".join(lines)
+
+
+def refresh_staleness(store: ReviewStore, repo_root: Path, item: ReviewItem, *, who: str) -> tuple[ReviewItem, gitops.MergeCheck]:
+    """Check a queued item against its target; mark it stale when the base moved and it no longer merges.
+
+    Raises:
+        ReviewError: the target branch or candidate commit is missing.
+    """
+    chk = gitops.check_merge(git.Repo(repo_root), item.target_branch, item.base_commit, item.candidate_commit)
+    if chk.stale and item.state == State.QUEUED.value:
+        item = store.transition(item.id, State.QUEUED, State.STALE, who=who,
+                                reason=_stale_reason(item, chk))
+    return item, chk
+
+
+def _stale_reason(item: ReviewItem, chk: gitops.MergeCheck) -> str:
+    return (f"base moved: {item.target_branch} is at {chk.target_head[:12]}, the candidate was judged on "
+            f"{item.base_commit[:12]} and no longer merges cleanly ({', '.join(chk.conflicts[:5])}); "
+            f"re-verify: workbench verify {item.task_id} --branch {item.branch} after rebasing.")
+
+
+def approve(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str) -> ReviewItem:
+    """Approve and merge: checks, ``queued -> approved``, merge, ``approved -> merged``.
+
+    An item left ``approved`` by an interrupted merge can be approved again (the merge is redone,
+    or recorded if the candidate is already in the target).
+
+    Returns:
+        The item, now ``merged``, with ``merge_commit`` set.
+
+    Raises:
+        ReviewError: wrong state, result file changed, a verdict not PASS, stale (the item becomes
+            ``stale``), or the merge conflicts or the target moved (repository untouched).
+    """
+    root = Path(git.Repo(repo_root, search_parent_directories=True).working_dir)
+    with git_lock(root):  # one approval at a time per repository: no double merge of one item
+        return _approve_locked(store, root, item_id, reviewer=reviewer)
+
+
+def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str) -> ReviewItem:
+    item = store.get(item_id)
+    if item.state not in (State.QUEUED.value, State.APPROVED.value):
+        why = f" ({item.reason})" if item.reason else ""
+        raise ReviewError(f"Review item #{item_id} is {item.state}{why}; only queued items can be approved.")
+    result = load_item_result(item)
+    refusal = verdict_refusal(result)
+    if refusal:
+        raise ReviewError(f"Review item #{item_id} cannot be approved: {refusal}.")
+    repo = git.Repo(repo_root)
+    chk = gitops.check_merge(repo, item.target_branch, item.base_commit, item.candidate_commit)
+    if item.state == State.APPROVED.value and repo.is_ancestor(item.candidate_commit, chk.target_head):
+        return store.transition(item_id, State.APPROVED, State.MERGED, who=reviewer,
+                                note=f"already in {item.target_branch} at {chk.target_head}",
+                                merge_commit=chk.target_head)
+    if chk.stale:
+        reason = _stale_reason(item, chk)
+        store.transition(item_id, [State.QUEUED, State.APPROVED] if item.state == State.APPROVED.value else State.QUEUED,
+                         State.STALE, who=reviewer, reason=reason)
+        raise ReviewError(f"Review item #{item_id} is stale and was not merged: {reason}")
+    if item.state == State.QUEUED.value:
+        store.transition(item_id, State.QUEUED, State.APPROVED, who=reviewer,
+                         note=f"approved for {item.target_branch} at {chk.target_head[:12]}")
+    try:
+        sha = gitops.merge_candidate_locked(Path(repo.working_dir), target_branch=item.target_branch,
+                                     base_commit=item.base_commit, candidate_commit=item.candidate_commit,
+                                     message=merge_message(item, result, reviewer),
+                                     author=(reviewer, reviewer_email(Path(repo.working_dir))))
+    except ReviewError as exc:
+        if "conflicts" in str(exc):
+            store.transition(item_id, State.APPROVED, State.STALE, who=reviewer, reason=str(exc))
+        raise
+    return store.transition(item_id, State.APPROVED, State.MERGED, who=reviewer,
+                            note=f"merge commit {sha}", merge_commit=sha)
+
+
+def reject(store: ReviewStore, item_id: int, *, reviewer: str, reason: str) -> ReviewItem:
+    """Reject with a reason (from queued, approved-but-unmerged, or stale).
+
+    Raises:
+        ReviewError: empty reason, unknown id, or the item is already merged or rejected.
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ReviewError(f"Rejecting review item #{item_id} needs a reason; pass --reason TEXT "
+                          "(what is wrong and what would fix it).")
+    item = store.get(item_id)
+    if item.state in (State.MERGED.value, State.REJECTED.value):
+        raise ReviewError(f"Review item #{item_id} is already {item.state}; it cannot be rejected.")
+    return store.transition(item_id, [State.QUEUED, State.APPROVED, State.STALE], State.REJECTED,
+                            who=reviewer, reason=reason)
