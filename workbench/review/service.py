@@ -44,13 +44,16 @@ def default_reviewer(repo_root: Path | None = None) -> str:
     return str(name).strip() or os.environ.get("USER") or getpass.getuser()
 
 
-def reviewer_email(repo_root: Path) -> str:
-    """``git config user.email``, else ``<name>@localhost``."""
+def reviewer_email(repo_root: Path, reviewer: str) -> str:
+    """``git config user.email`` when ``reviewer`` is the configured user, else ``reviewer@localhost``."""
     try:
-        email = git.Repo(repo_root).config_reader().get_value("user", "email", default="")
+        cfg = git.Repo(repo_root).config_reader()
+        name, email = cfg.get_value("user", "name", default=""), cfg.get_value("user", "email", default="")
     except (OSError, git.InvalidGitRepositoryError):
-        email = ""
-    return str(email).strip() or "reviewer@localhost"
+        name, email = "", ""
+    if str(name).strip() == reviewer and str(email).strip():
+        return str(email).strip()
+    return "reviewer@localhost"
 
 
 def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str = DEFAULT_TARGET,
@@ -190,7 +193,7 @@ def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, review
         sha = gitops.merge_candidate_locked(Path(repo.working_dir), target_branch=item.target_branch,
                                      base_commit=item.base_commit, candidate_commit=item.candidate_commit,
                                      message=merge_message(item, result, reviewer),
-                                     author=(reviewer, reviewer_email(Path(repo.working_dir))))
+                                     author=(reviewer, reviewer_email(Path(repo.working_dir), reviewer)))
     except ReviewError as exc:
         if "conflicts" in str(exc):
             store.transition(item_id, State.APPROVED, State.STALE, who=reviewer, reason=str(exc))

@@ -1,0 +1,78 @@
+"""Fixtures: a throw-away clone of the project with one real accepted and one real rejected candidate.
+
+The session fixture runs the real pipeline once (the good fixture ``lean-torch-cpu``, ~7 s, and the
+``isolation-edits-test.patch`` bad fixture, rejected by the first guard); every test then gets its
+own copy of that repository so merges never leak between tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+TASK = "k3_moe_dispatch"
+GOOD = f"tasks/{TASK}/fixtures/good/lean-torch-cpu"
+BAD = f"tasks/{TASK}/fixtures/bad/isolation-edits-test.patch"
+REVIEWER = "Test Reviewer"
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@localhost"}
+
+
+def git(root: Path, *args: str) -> str:
+    """Run git in ``root`` and return stdout (raises on a non-zero exit)."""
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}).stdout.strip()
+
+
+@dataclasses.dataclass
+class Repo:
+    """A test repository: ``root`` (``main`` checked out), the accepted and rejected result files."""
+
+    root: Path
+    accepted: Path
+    rejected: Path
+
+    def store(self):
+        from workbench.review.service import open_store
+
+        return open_store(self.root)
+
+
+@pytest.fixture(scope="session")
+def template_repo(tmp_path_factory) -> Repo:
+    from workbench.pipeline import run_candidate
+
+    root = tmp_path_factory.mktemp("template") / "repo"
+    subprocess.run(["git", "clone", "-q", str(PROJECT), str(root)], check=True)
+    git(root, "checkout", "-q", "-B", "main")
+    git(root, "config", "user.name", REVIEWER)
+    git(root, "config", "user.email", "reviewer@example.org")
+    good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
+    assert good.accepted, [v.one_line() for v in good.verdicts]
+    bad, bad_path = run_candidate(root, TASK, str(root / BAD), device="cpu", seed=7)
+    assert not bad.accepted and bad.first_failure().guard == "isolation"
+    return Repo(root, good_path, bad_path)
+
+
+@pytest.fixture()
+def repo(template_repo: Repo, tmp_path: Path, monkeypatch) -> Repo:
+    """A private copy of the template (without its worktrees and queue) with ``WORKBENCH_DB`` unset."""
+    monkeypatch.delenv("WORKBENCH_DB", raising=False)
+    root = tmp_path / "repo"
+    src = template_repo.root
+
+    def ignore(d: str, names: list[str]) -> set[str]:
+        if Path(d) == src / ".workbench":
+            return {"worktrees", "queue.db", "queue.db-wal", "queue.db-shm"} & set(names)
+        return set()
+
+    shutil.copytree(src, root, symlinks=True, ignore=ignore)
+    git(root, "worktree", "prune")
+    rel = lambda p: root / p.relative_to(src)  # noqa: E731
+    return Repo(root, rel(template_repo.accepted), rel(template_repo.rejected))
