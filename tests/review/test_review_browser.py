@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 
 import pytest
 
-from conftest import git
+from review_helpers import git
 from workbench.results import file_sha256, read_result
 from workbench.review import service
 from workbench.review.web import create_app
@@ -103,7 +104,7 @@ def test_approve_in_browser_merges_with_evidence(repo, server):
 
 
 def test_missing_browser_skips_locally_and_fails_in_ci(monkeypatch):
-    import test_review_browser as mod
+    mod = sys.modules[__name__]
 
     monkeypatch.setattr(mod, "CHROMIUM", "/nonexistent/chromium")
     monkeypatch.setattr(mod.shutil, "which", lambda name: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REVIEWER, git
+from review_helpers import REVIEWER, git
 from workbench.cli import app
 from workbench.results import read_result
 
