@@ -113,8 +113,13 @@ def test_kill_at_random_moments_of_a_busy_writer(repo, tmp_path):
     db = f"sqlite:///{tmp_path / 'queue.db'}"
     store = ReviewStore(db)
     seen = 0
-    for round_, delay_s in enumerate((0.9, 1.3, 1.7)):
+    for round_, delay_s in enumerate((0.05, 0.13, 0.21)):
         p = spawn("churn", db, f"r{round_}")
+        deadline = time.monotonic() + 120  # the worker is busy writing before we start the clock
+        while sum(store.counts().values()) < seen + 5:
+            assert p.poll() is None, p.stderr.read()
+            assert time.monotonic() < deadline, "the churn worker wrote nothing"
+            time.sleep(0.02)
         time.sleep(delay_s)
         assert p.poll() is None, p.stderr.read()
         os.kill(p.pid, signal.SIGKILL)
