@@ -8,7 +8,7 @@ from workbench.results import RunResult
 
 
 def speedup_vs_batch_png(result: RunResult, batch_axis: str = "T") -> bytes:
-    """Speedup (baseline median / candidate median) per perf configuration against the decode batch.
+    """Speedup (the result's ``speedup``: baseline / candidate) per perf configuration against the decode batch.
 
     One marker per configuration with its bootstrap confidence interval as an error bar; a dashed
     line at 1.0x (no change). Configurations are grouped by their non-batch axes (one series each).

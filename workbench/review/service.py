@@ -117,7 +117,7 @@ def merge_message(item: ReviewItem, result: RunResult, reviewer: str) -> str:
              f"Approved by {reviewer}; accepted by the workbench guards on {result.device}.", "", "Evidence:"]
     lines += [f"  {v.one_line()}" for v in result.verdicts]
     if result.perf:
-        lines += ["", "Speedup (baseline median / candidate median):"]
+        lines += ["", "Speedup (baseline / candidate, as the result file reports it, with its CI):"]
         lines += [f"  {p.name:<14} {p.speedup:.3f}x CI [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}] {p.verdict}"
                   for p in result.perf]
     lines += ["", f"Changed-paths: {', '.join(result.candidate.changed_paths)}",
