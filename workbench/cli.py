@@ -109,6 +109,8 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attemp
                                  "(recorded in its result file).")
         if agent not in ("anthropic", "command", "patch"):
             raise WorkbenchError(f"--agent {agent!r}: expected anthropic, command or patch.")
+        if attempts < 1:
+            raise WorkbenchError(f"--attempts {attempts}: must be at least 1.")
         if agent != "command" and (agent_cmd or agent_env):
             raise WorkbenchError("--agent-cmd and --agent-env belong to --agent command.")
         if agent != "anthropic" and (model or max_turns is not None or max_tokens is not None):
