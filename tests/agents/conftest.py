@@ -1,4 +1,4 @@
-"""Fixtures for the agent tests: a throwaway git repository holding this checkout's files, and a mock
+"""Fixtures for the agent tests: a private clone of the project copy per module, and a mock
 HTTP transport for the real Anthropic SDK (no network).
 
 The SDK (anthropic >= 2) sends requests through ``httpx2``; a plain ``httpx`` client is refused by its
@@ -8,40 +8,19 @@ constructor, so the mock transport is ``httpx2.MockTransport``.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-CHECKOUT = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).with_name("recorded")
-GOOD_KERNEL = CHECKOUT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py"
-TARGET = "k3_model/kernels/moe_dispatch/__init__.py"
-GIT_ID = ["-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
-
-
-def _copy_checkout(dst: Path) -> None:
-    files = subprocess.run(["git", "-C", str(CHECKOUT), "ls-files", "-co", "--exclude-standard", "-z"],
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
-        src = CHECKOUT / f
-        if src.is_file() and "__pycache__" not in f:
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / f)
 
 
 @pytest.fixture(scope="session")
-def repo_template(tmp_path_factory) -> Path:
-    """A git repository with this checkout's current files (committed once), to clone per module."""
-    d = tmp_path_factory.mktemp("template") / "repo"
-    d.mkdir()
-    _copy_checkout(d)
-    subprocess.run(["git", "init", "-q", "-b", "main", str(d)], check=True)
-    subprocess.run(["git", *GIT_ID, "-C", str(d), "add", "-A"], check=True)
-    subprocess.run(["git", *GIT_ID, "-C", str(d), "commit", "-q", "-m", "base"], check=True)
-    return d
+def repo_template(project_repo) -> Path:
+    """The session's git copy of the project (tests/conftest.py), cloned per module below."""
+    return project_repo
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def test_brief_contents(repo, task):
     assert "10 configurations drawn at judging time" in text
     tools = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                          mode="tools")
-    assert "`run_check` tool" in tools and "workbench check" not in tools
+    assert "`run_check` tool" in tools and "workbench check k3_moe_dispatch --base" not in tools
     assert "Baseline medians: not measured for this run." in tools
 
 
