@@ -65,14 +65,29 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every
 @app.command()
 def run(
     task_id: str = typer.Argument(..., help="Task id (a folder under tasks/)."),
-    candidate: str = typer.Option(..., "--candidate", "-c", help="A .patch file, an overlay folder, or a branch."),
+    candidate: Optional[str] = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch (the patch backend)."),
     base: Optional[str] = typer.Option(None, help="Base revision (default HEAD; for a branch, its merge-base)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     seed: Optional[int] = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
+    agent: str = typer.Option("patch", "--agent", help="patch (judge --candidate), anthropic (API tool loop) or command (--agent-cmd)."),
+    attempts: int = typer.Option(1, "--attempts", help="Attempts; after a rejection the agent gets the evidence and tries again."),
+    agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Command template for --agent command, e.g. 'claude -p {prompt}'."),
+    agent_env: Optional[list[str]] = typer.Option(None, "--agent-env", help="Variable passed to the command agent (repeatable); it gets no others but PATH, LANG, LC_ALL, TERM, TZ."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model for --agent anthropic (default claude-sonnet-4-6)."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
 ) -> None:
-    """Judge a candidate: worktree from the base, apply, commit, run every guard, write the result file."""
+    """Judge a candidate (--candidate), or let an agent write one (--agent anthropic|command) and judge each attempt."""
+    if agent != "patch" or attempts != 1:
+        _run_agent_cli(task_id, agent=agent, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
+                       agent_env=agent_env or [], model=model, max_turns=max_turns, max_tokens=max_tokens,
+                       budget_s=budget_s, base=base, device=device, seed=seed, repo=repo, no_queue=no_queue)
+        return
+    if candidate is None:
+        _fail(WorkbenchError("run: give --candidate PATCH|FOLDER|BRANCH, or --agent anthropic|command to let an agent write one."))
     from workbench.pipeline import run_candidate
 
     try:
@@ -85,6 +100,77 @@ def run(
         enqueue_accepted(_root(repo), result, path)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
+
+
+def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attempts: int, agent_cmd: Optional[str],
+                   agent_env: list[str], model: Optional[str], max_turns: Optional[int], max_tokens: Optional[int],
+                   budget_s: Optional[float], base: Optional[str], device: str, seed: Optional[int],
+                   repo: Optional[Path], no_queue: bool = False) -> None:
+    """``run --agent ...``: build the backend from the options, run the attempts, print each verdict."""
+    log = logging.getLogger("workbench.cli")
+    try:
+        if seed is not None:
+            raise WorkbenchError("--seed is not used with --agent: every attempt draws a fresh run-time seed "
+                                 "(recorded in its result file).")
+        if agent not in ("anthropic", "command", "patch"):
+            raise WorkbenchError(f"--agent {agent!r}: expected anthropic, command or patch.")
+        if attempts < 1:
+            raise WorkbenchError(f"--attempts {attempts}: must be at least 1.")
+        if agent != "command" and (agent_cmd or agent_env):
+            raise WorkbenchError("--agent-cmd and --agent-env belong to --agent command.")
+        if agent != "anthropic" and (model or max_turns is not None or max_tokens is not None):
+            raise WorkbenchError("--model, --max-turns and --max-tokens belong to --agent anthropic.")
+        if agent != "patch" and candidate:
+            raise WorkbenchError(f"--candidate belongs to the patch backend, not --agent {agent}.")
+        root = _root(repo)
+        if agent == "anthropic":
+            from workbench.agents.anthropic_backend import AnthropicBackend
+
+            kw = {k: v for k, v in (("model", model), ("max_turns", max_turns), ("max_tokens", max_tokens),
+                                    ("budget_s", budget_s)) if v is not None}
+            backend = AnthropicBackend(**kw)
+        elif agent == "command":
+            from workbench.agents.command_backend import CommandBackend
+
+            if not agent_cmd:
+                raise WorkbenchError("--agent command needs --agent-cmd TEMPLATE, e.g. --agent-cmd 'claude -p {prompt}'.")
+            backend = CommandBackend(agent_cmd, env_allow=agent_env,
+                                     **({"budget_s": budget_s} if budget_s is not None else {}))
+        else:
+            from workbench.agents.patch_backend import PatchBackend
+
+            if not candidate:
+                raise WorkbenchError("--agent patch needs --candidate PATCH|FOLDER|BRANCH.")
+            if attempts != 1:
+                raise WorkbenchError(f"--attempts {attempts}: the patch backend judges one fixed candidate; "
+                                     "use --agent anthropic or command to iterate.")
+            backend = PatchBackend(candidate, root)
+        log.info("dispatch: run %s with backend %s, %d attempt(s)", task_id, backend.label, attempts)
+        from workbench.agents.runner import run_agent
+
+        result = run_agent(root, task_id, backend, attempts=attempts, base=base, device=device)
+    except (WorkbenchError, ValueError) as exc:
+        _fail(exc)
+    from workbench.results import read_result
+
+    for rec in result.attempts:
+        r = read_result(Path(rec.result_path))
+        console.rule(f"attempt {rec.attempt}/{attempts}: {rec.outcome['stop_reason']}, commit {rec.commit[:10]}")
+        _print_result(r, Path(rec.result_path))
+    u = result.usage
+    cost = "unknown (model not in the price table)" if u.cost_usd is None else f"${u.cost_usd:.4f}"
+    if u.api_calls:
+        console.print(f"tokens: {u.input_tokens} in, {u.output_tokens} out, {u.cache_read_input_tokens} cache read, "
+                      f"{u.cache_creation_input_tokens} cache write over {u.api_calls} calls; cost {cost}")
+    console.print(f"run record: {result.record_path}")
+    if result.final_path is None:
+        _fail(WorkbenchError("no attempt was judged."))
+    if not no_queue:
+        from workbench.review.cli import enqueue_accepted
+
+        enqueue_accepted(root, result.final, result.final_path)
+    console.print(str(result.final_path))
+    raise typer.Exit(_exit_code(result.final))
 
 
 @app.command()
@@ -228,6 +314,37 @@ def selftest(
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def check(
+    task_id: str = typer.Argument(..., help="Task id."),
+    base: Optional[str] = typer.Option(None, help="Base commit the candidate is judged against (the brief gives it; default HEAD)."),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto."),
+    no_perf: bool = typer.Option(False, "--no-perf", help="Skip the quick perf estimate."),
+) -> None:
+    """Self-check the worktree you are in: paths, correctness on the public seeds, activation, quick perf estimate.
+
+    Never uses a run-time seed or random draws; the judging run does. Exit 0 when it passes, 1 when not.
+    """
+    from workbench.agents.selfcheck import self_check
+    from workbench.pipeline import detect_device
+    from workbench.taskspec import load_task
+    from workbench.worktree import open_repo
+
+    try:
+        repo = open_repo(Path.cwd())
+        wt = Path(repo.working_dir)
+        task = load_task(wt, task_id)
+        try:
+            base_sha = repo.commit(base or "HEAD").hexsha
+        except Exception:
+            raise WorkbenchError(f"--base {base!r} is not a commit of {wt}; copy it from the brief.") from None
+        report = self_check(wt, task, base=base_sha, device=detect_device(device), with_perf=not no_perf)
+    except (WorkbenchError, ValueError) as exc:
+        _fail(exc)
+    console.print(report.text(), markup=False)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue; light imports only)

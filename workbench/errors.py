@@ -25,3 +25,7 @@ class RepoError(WorkbenchError):
 
 class ChildProcessError_(WorkbenchError):
     """The sandboxed child that runs candidate code could not be started or read back."""
+
+
+class AgentError(WorkbenchError):
+    """An agent backend cannot run (no API key, the API failing after retries, a command that cannot start)."""

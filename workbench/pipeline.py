@@ -85,6 +85,15 @@ def detect_device(requested: str | None) -> str:
     return requested
 
 
+def draw_runtime_seed(task: TaskSpec) -> int:
+    """A fresh 31-bit run-time seed, never one of the task's public seeds (those are for self-checks)."""
+    public = set(task.correctness.public_seeds)
+    while True:
+        seed = secrets.randbits(31)
+        if seed not in public:
+            return seed
+
+
 def judge_candidate(
     repo_root: Path,
     task: TaskSpec,
@@ -96,19 +105,25 @@ def judge_candidate(
     command: str = "",
     agent: str = "patch",
     transcript_path: str | None = None,
+    attempt: int | None = None,
 ) -> tuple[RunResult, Path]:
     """Run the guards on a committed candidate and write its result file.
+
+    Args:
+        attempt: for agent runs, the 1-based attempt number; it becomes part of the result id
+            (``<task>-<n>-a<attempt>-<sha8>``) so an attempt that changed nothing keeps its own file.
 
     Returns:
         ``(result, path_to_json)``.
     """
     started = now_utc()
     t0 = time.monotonic()
-    seed = secrets.randbits(31) if seed is None else seed
+    seed = draw_runtime_seed(task) if seed is None else seed
     ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
                        candidate_commit=cand.candidate_commit, device=device, seed=seed)
     verdicts = run_guards(ctx, default_guards() if guards is None else guards)
-    result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}-{cand.candidate_commit[:8]}"
+    tag = f"-a{attempt}" if attempt is not None else ""
+    result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}{tag}-{cand.candidate_commit[:8]}"
     trace = []
     for calls in ctx.artifacts.get("traces", {}).values():
         for call in calls:

@@ -229,3 +229,114 @@ def remove_candidate(repo_root: Path, worktree: Path, branch: str | None = None)
         if branch:
             with contextlib.suppress(git.GitCommandError):
                 repo.git.branch("-D", branch)
+
+
+# --- Agent worktrees (issue 4): a branch and worktree at the base, committed attempt by attempt ---------
+
+_GIT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "GIT_EXEC_PATH")
+
+
+def _git_env() -> dict[str, str]:
+    """Environment for the workbench's own git commands in agent worktrees: an allowlist, so no API key
+    reaches a process git might start (hooks are also switched off on every such command)."""
+    import os
+
+    env = {k: os.environ[k] for k in _GIT_ENV_ALLOW if k in os.environ}
+    env.update(GIT_AUTHOR_NAME=COMMITTER[0], GIT_AUTHOR_EMAIL=COMMITTER[1],
+               GIT_COMMITTER_NAME=COMMITTER[0], GIT_COMMITTER_EMAIL=COMMITTER[1],
+               GIT_TERMINAL_PROMPT="0")
+    return env
+
+
+def _git(worktree: Path, *args: str) -> str:
+    """Run ``git -C worktree ARGS`` with hooks off and the allowlisted environment.
+
+    Raises:
+        RepoError: git exits non-zero (the message carries its stderr).
+    """
+    import subprocess
+
+    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-C", str(worktree), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_git_env(), stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RepoError(f"git {' '.join(args[:2])} failed in {worktree}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentWorktree:
+    """A worktree an agent edits; each attempt becomes one commit on ``branch``.
+
+    Attributes:
+        task_id: the task.
+        index: the ``<n>`` in ``wb/<task_id>/<n>`` and ``<task_id>-<n>``.
+        branch: the workbench branch.
+        worktree: the worktree folder (under ``.workbench/worktrees/``).
+        base_commit: SHA every attempt is judged against.
+    """
+
+    task_id: str
+    index: int
+    branch: str
+    worktree: Path
+    base_commit: str
+
+    @property
+    def name(self) -> str:
+        """``<task_id>-<n>``: the stem of the brief, run record and transcript files."""
+        return f"{self.task_id}-{self.index}"
+
+
+def create_agent_worktree(repo_root: Path, task_id: str, base: str | None = None) -> AgentWorktree:
+    """Create ``wb/<task_id>/<n>`` and its worktree at the base commit, under the git lock.
+
+    Args:
+        repo_root: the workbench's checkout.
+        task_id: used in the branch and folder names.
+        base: base revision (default HEAD).
+
+    Raises:
+        CandidateError: the base revision does not exist.
+        RepoError: ``git worktree add`` fails.
+    """
+    repo = open_repo(repo_root)
+    root = Path(repo.working_dir)
+    base_rev = base or "HEAD"
+    try:
+        base_sha = repo.commit(base_rev).hexsha
+    except (git.BadName, ValueError):
+        raise CandidateError(f"Base revision {base_rev!r} does not exist in {root}; give a commit or branch.") from None
+    with git_lock(root):
+        n = _next_index(repo, task_id, root)
+        branch = f"wb/{task_id}/{n}"
+        wt = state_dir(root) / "worktrees" / f"{task_id}-{n}"
+        wt.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            repo.git.worktree("add", "-b", branch, str(wt), base_sha)
+        except git.GitCommandError as exc:
+            raise RepoError(f"git worktree add failed for {wt}: {exc.stderr.strip()}") from None
+    return AgentWorktree(task_id, n, branch, wt, base_sha)
+
+
+def commit_attempt(repo_root: Path, awt: AgentWorktree, message: str) -> tuple[str, bool]:
+    """Commit whatever the agent left in its worktree, then remove untracked and ignored leftovers.
+
+    Runs under the git lock (commits of parallel attempts never interleave ref or gc updates), with
+    hooks off and an allowlisted environment. After it the worktree is exactly the returned commit:
+    stale ``__pycache__`` files or ignored drop-ins cannot reach the guards.
+
+    Returns:
+        ``(commit_sha, changed)``; ``changed`` is False when the agent left nothing new (the commit is
+        then the previous one).
+
+    Raises:
+        RepoError: git fails.
+    """
+    with git_lock(Path(repo_root)):
+        _git(awt.worktree, "add", "-A")
+        changed = bool(_git(awt.worktree, "diff", "--cached", "--name-only").strip())
+        if changed:
+            _git(awt.worktree, "commit", "--no-verify", "-q", "-m", message)
+        sha = _git(awt.worktree, "rev-parse", "HEAD").strip()
+    _git(awt.worktree, "clean", "-ffdxq")
+    return sha, changed

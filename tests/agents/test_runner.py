@@ -1,0 +1,105 @@
+"""The runner: concurrent runs in separate worktrees, the patch backend, the self-check CLI, CLI errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from guards.isolation import IsolationGuard
+from workbench.agents.command_backend import CommandBackend
+from workbench.agents.patch_backend import PatchBackend
+from workbench.agents.runner import run_agent
+from workbench.cli import app
+from workbench.results import read_result
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tasks/k3_moe_dispatch/fixtures"
+
+
+def test_concurrent_runs_do_not_share_git_state(repo, tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text("import os\nopen('k3_model/kernels/moe_dispatch/__init__.py', 'w').write("
+                     "'TAG = %r\\n' % os.environ['WORKBENCH_ATTEMPT'] + '# ' + os.getcwd() + '\\n')\n")
+    runs, errors = [], []
+
+    def one() -> None:
+        try:
+            runs.append(run_agent(repo, "k3_moe_dispatch", CommandBackend(f"{sys.executable} {agent}"), attempts=2,
+                                  device="cpu", guards=[IsolationGuard()], measure_baseline=False))
+        except Exception as exc:  # reported below with the thread's error
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert errors == [] and len(runs) == 4
+    assert len({r.branch for r in runs}) == 4 and len({r.worktree for r in runs}) == 4
+    for r in runs:
+        assert len(r.attempts) == 2  # isolation alone never accepts (no activation proof), so both ran
+        a1, a2 = r.attempts
+        log = subprocess.run(["git", "-C", str(repo), "log", "--format=%H %P", "-2", r.branch], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert log == [a2.commit, a1.commit, a1.commit, r.base_commit]  # attempt 2 on attempt 1 on the base
+        body = subprocess.run(["git", "-C", str(repo), "show", f"{a2.commit}:k3_model/kernels/moe_dispatch/__init__.py"],
+                              capture_output=True, text=True, check=True).stdout
+        assert body == f"TAG = '2'\n# {r.worktree}\n"  # each run's commit holds its own worktree's file
+        assert {Path(a.result_path).name for a in r.attempts} == {
+            Path(a.result_path).name for a in r.attempts if r.worktree.name.split("-")[-1] in Path(a.result_path).name}
+    assert len({a.result_path for r in runs for a in r.attempts}) == 8
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status == ""  # the main checkout was never touched
+
+
+def test_patch_backend_replays_once(repo):
+    run = run_agent(repo, "k3_moe_dispatch", PatchBackend(str(FIXTURES / "bad/isolation-edits-test.patch"), repo),
+                    attempts=3, device="cpu", guards=[IsolationGuard()], measure_baseline=False)
+    assert len(run.attempts) == 1  # it cannot revise, so no second attempt
+    result = read_result(Path(run.attempts[0].result_path))
+    assert result.first_failure().guard == "isolation"
+    assert any(p.startswith("tests/") for p in result.candidate.changed_paths)
+    folder = run_agent(repo, "k3_moe_dispatch", PatchBackend(str(FIXTURES / "good/lean-torch-cpu"), repo), attempts=1,
+                       device="cpu", guards=[IsolationGuard()], measure_baseline=False)
+    r = read_result(Path(folder.attempts[0].result_path))
+    assert r.verdicts[0].status.value == "PASS"
+    assert r.candidate.changed_paths == ("k3_model/kernels/moe_dispatch/__init__.py",)
+
+
+def test_check_command_in_a_worktree(repo):
+    from workbench.worktree import create_agent_worktree
+
+    awt = create_agent_worktree(repo, "k3_moe_dispatch")
+    kernel = awt.worktree / "k3_model/kernels/moe_dispatch/__init__.py"
+    kernel.write_text((FIXTURES / "bad/correctness-wrong-at-batch-33/k3_model/kernels/moe_dispatch/__init__.py").read_text())
+    cmd = [sys.executable, "-m", "workbench", "check", "k3_moe_dispatch", "--base", awt.base_commit, "--no-perf"]
+    proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "paths                  PASS" in proc.stdout
+    assert "correctness[seed=0]    FAIL" in proc.stdout and "k3_t33" in proc.stdout
+    assert "random" not in proc.stdout.split("evidence of")[0].split("correctness[seed=0]")[1].split("k3_t33")[0]
+    (awt.worktree / "k3_model/ops/extra.py").write_text("X = 1\n")
+    proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "paths                  FAIL" in proc.stdout and "k3_model/ops/extra.py" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--agent", "bogus"], "--agent 'bogus': expected anthropic, command or patch"),
+    (["--agent", "command"], "--agent command needs --agent-cmd"),
+    (["--agent", "command", "--agent-cmd", "x {nope}"], "unknown placeholder {nope}"),
+    (["--agent", "command", "--agent-cmd", "x", "--model", "m"], "--model, --max-turns and --max-tokens belong"),
+    (["--agent", "anthropic", "--attempts", "0"], "--attempts 0: must be at least 1"),
+    (["--agent", "patch", "--candidate", "x", "--attempts", "2"], None),
+    (["--agent", "anthropic", "--seed", "5"], "--seed is not used with --agent"),
+    (["--agent", "anthropic"], "needs an API key"),
+    ([], "give --candidate"),
+])
+def test_cli_bad_input_exits_2(repo, monkeypatch, args, message):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    res = CliRunner().invoke(app, ["run", "k3_moe_dispatch", "--repo", str(repo), *args])
+    assert res.exit_code == 2, res.output
+    assert (message or "") in " ".join(res.output.split())
