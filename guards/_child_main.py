@@ -86,9 +86,18 @@ def _perf_case(fn, fc, rt, req, case):
         with fc(decode_backend=req["decode_backend"], phase=phase):
             fn(**inputs, **kw, **outs_b)
 
+    details: dict = {}
     a, b, wall = time_interleaved(
-        baseline, candidate, device=device, warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"]
+        baseline, candidate, device=device, warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"],
+        details=details,
     )
+    if device == "cuda":  # the physical floor of this configuration (kernels/timing.py)
+        from kernels.timing import device_limits, floor_us, min_bytes
+
+        lim = device_limits()
+        details["min_bytes"] = min_bytes([*inputs.values(), *outs_b.values()])
+        details["floor_us"] = floor_us(details["min_bytes"], bandwidth_gbps=lim.copy_gbps, launch_us=lim.launch_us)
+        details["device_limits"] = lim.to_dict()
     return {
         "name": case["name"],
         "baseline_us": a,
@@ -96,6 +105,7 @@ def _perf_case(fn, fc, rt, req, case):
         "wall_s": wall,
         "trace_baseline": traces["baseline"],
         "trace_candidate": traces["candidate"],
+        **details,
     }
 
 

@@ -22,6 +22,40 @@ from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
 WALL_SLACK = 1.05
 """Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
 
+TAIL_EXCESS_ABS_US = 5.0
+TAIL_EXCESS_REL = 0.10
+"""CUDA: a candidate whose median tail (end of call to a fence after a device-wide sync) exceeds the
+baseline's by more than ``max(TAIL_EXCESS_ABS_US, TAIL_EXCESS_REL x its median)`` left work running
+outside its timed window (side stream). Source: kernels/timing.py; the H200 A/A tails in
+bench/results/h200/perf_calibration.json."""
+
+
+def physical_checks(stats: dict, p: dict) -> dict:
+    """Apply the CUDA-only checks to one configuration's statistics (in place) and return them.
+
+    Args:
+        stats: :func:`classify`'s dict for the configuration.
+        p: the child's perf entry; ``floor_us``, ``baseline_tails_us`` and ``candidate_tails_us`` are
+            used when present (CUDA runs).
+
+    Returns:
+        ``stats`` with ``floor_us`` and ``tail_excess_us`` set, and ``verdict`` set to ``below_floor``
+        (median under the physical floor: impossible, so the timing was subverted) or ``side_stream``
+        (work left outside the timed window) when a check fails.
+    """
+    from kernels.timing import below_floor
+
+    floor = p.get("floor_us")
+    stats["floor_us"] = float(floor) if floor is not None else None
+    bt, ct = p.get("baseline_tails_us") or [], p.get("candidate_tails_us") or []
+    stats["tail_excess_us"] = (median([float(x) for x in ct]) - median([float(x) for x in bt])) if bt and ct else None
+    if stats["floor_us"] is not None and below_floor(stats["candidate_median_us"], stats["floor_us"]):
+        stats["verdict"] = "below_floor"
+    elif stats["tail_excess_us"] is not None and stats["tail_excess_us"] > max(
+            TAIL_EXCESS_ABS_US, TAIL_EXCESS_REL * stats["candidate_median_us"]):
+        stats["verdict"] = "side_stream"
+    return stats
+
 
 def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_speedup: float,
              confidence: float, alpha: float, seed: int = 0) -> dict:
@@ -109,6 +143,7 @@ class PerfGuard:
                 stats = classify(base, cand, claimed=True, max_regression_pct=task.perf.max_regression_pct,
                                  min_speedup=task.perf.min_speedup, confidence=task.perf.confidence,
                                  alpha=task.perf.alpha, seed=i)
+                physical_checks(stats, p)
                 if (sum(base) + sum(cand)) > float(p["wall_s"]) * 1e6 * WALL_SLACK:
                     stats["verdict"] = "regression"
                     impl += " (timer samples exceed the wall clock: timer tampering)"
@@ -117,7 +152,7 @@ class PerfGuard:
         order = {n: i for i, n in enumerate(task.perf.workloads)}
         results.sort(key=lambda r: order[r["name"]])
         ctx.artifacts["perf"] = results
-        bad = [r for r in results if r["verdict"] in ("regression", "no_gain")]
+        bad = [r for r in results if r["verdict"] in ("regression", "no_gain", "below_floor", "side_stream")]
         table = tuple(
             Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
                      path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
@@ -125,8 +160,11 @@ class PerfGuard:
             for r in results)
         if bad:
             r = bad[0]
-            what = "slower than the standard path" if r["verdict"] == "regression" else \
-                f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)"
+            what = {"regression": "slower than the standard path",
+                    "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
+                    "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
+                                   "longer tail than the baseline)"}.get(
+                r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
                                    f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).",

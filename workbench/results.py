@@ -61,6 +61,11 @@ class PerfResult(_Model):
         p_slower: one-sided p-value that the candidate is slower (Wilcoxon signed-rank on log ratios).
         verdict: ``gain``, ``neutral``, ``regression`` or ``no_gain``.
         timer: ``cpu_thread_time`` or ``cuda_event``.
+        floor_us: CUDA only; physical floor max(min bytes / measured copy bandwidth, one launch)
+            (microseconds); ``below_floor`` when the candidate's median is under 0.9x it.
+        tail_excess_us: CUDA only; median candidate tail minus median baseline tail (time from the end
+            of the call to a fence after a device-wide sync, microseconds); ``side_stream`` when the
+            candidate left work running past its timed window.
     """
 
     name: str
@@ -73,8 +78,10 @@ class PerfResult(_Model):
     speedup: float
     speedup_ci: tuple[float, float]
     p_slower: float
-    verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed"]
+    verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed", "below_floor", "side_stream"]
     timer: str
+    floor_us: float | None = None
+    tail_excess_us: float | None = None
 
 
 class CandidateInfo(_Model):
