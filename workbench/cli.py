@@ -255,7 +255,7 @@ def tasks(repo: Optional[Path] = typer.Option(None, help="The workbench checkout
 
 def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device: str, seed: Optional[int]) -> bool:
     from workbench.fixtures import fixture_outcome_ok, list_fixtures
-    from workbench.pipeline import run_candidate
+    from workbench.pipeline import detect_device, run_candidate
     from workbench.taskspec import load_task
 
     spec = load_task(root, task_id)
@@ -266,7 +266,11 @@ def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device
             raise WorkbenchError(f"Task {task_id!r} has no fixture {unknown[0]!r}; known: {', '.join(f.name for f in fixtures)}.")
         fixtures = [f for f in fixtures if f.name in names]
     all_ok = True
+    dev = detect_device(device)
     for fx in fixtures:
+        if not fx.runs_on(dev):
+            console.print(f"skip fixture {fx.name}: judged on {', '.join(fx.devices or ())} only (fixtures/requires.toml)")
+            continue
         expect = "accepted" if fx.good else f"rejected by {fx.expected_guard}"
         console.rule(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})")
         result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
@@ -345,6 +349,28 @@ def check(
         _fail(exc)
     console.print(report.text(), markup=False)
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def bench(
+    task_id: str = typer.Argument(..., help="Task id."),
+    candidate: Optional[str] = typer.Option(None, "--candidate", "-c", help="Overlay folder, patch or branch with the kernel."),
+    device: str = typer.Option("cuda", help="cuda (the benchmark times GPU kernels)."),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeatable; default 1 2 4 8 16 32 64)."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default bench/results/local)."),
+    repetitions: int = typer.Option(200, help="Timed calls per side and pair."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the standard path."),
+    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+) -> None:
+    """Benchmark the standard path (eager, CUDA graph, torch.compile) against a kernel over decode batches."""
+    from workbench.bench import DEFAULT_BATCHES, run_bench
+
+    try:
+        path = run_bench(_root(repo), task_id, candidate=candidate, device=device, batches=batch or DEFAULT_BATCHES,
+                         repetitions=repetitions, compile_standard=not no_compile, out_dir=out)
+    except (WorkbenchError, ValueError, RuntimeError) as exc:
+        _fail(exc)
+    console.print(str(path))
 
 
 from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue; light imports only)

@@ -51,6 +51,8 @@ def collect(device: str = "cpu") -> dict[str, Any]:
             env["gpu_capability"] = f"{props.major}.{props.minor}"
             env["gpu_memory_bytes"] = props.total_memory
             env["gpu_sm_count"] = props.multi_processor_count
+            env["gpu_l2_bytes"] = getattr(props, "L2_cache_size", None)
+            env["cuda_driver_api"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
     except Exception as exc:  # environment capture must never break a run
         env["torch_error"] = f"{type(exc).__name__}: {exc}"
     if device == "cuda" and shutil.which("nvidia-smi"):

@@ -5,6 +5,7 @@ must be rejected by the guard their name starts with.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from pathlib import Path
 
 from workbench.taskspec import TaskSpec
@@ -21,12 +22,19 @@ class Fixture:
         path: the patch file or overlay folder.
         good: True under ``fixtures/good``.
         expected_guard: for bad fixtures, the guard that must reject it (prefix of the name).
+        devices: devices the fixture can be judged on (``None``: any); from ``fixtures/requires.toml``
+            (``[name] devices = ["cuda"]``), kept outside the overlay so it is never part of a candidate.
     """
 
     name: str
     path: Path
     good: bool
     expected_guard: str | None
+    devices: tuple[str, ...] | None = None
+
+    def runs_on(self, device: str) -> bool:
+        """Whether the fixture can be judged on ``device``."""
+        return self.devices is None or device in self.devices
 
 
 def list_fixtures(task: TaskSpec) -> list[Fixture]:
@@ -36,6 +44,8 @@ def list_fixtures(task: TaskSpec) -> list[Fixture]:
         ValueError: a bad fixture's name does not start with a known guard name.
     """
     out = []
+    req_path = Path(task.root) / "fixtures" / "requires.toml"
+    requires = tomllib.loads(req_path.read_text()) if req_path.is_file() else {}
     for kind in ("good", "bad"):
         d = Path(task.root) / "fixtures" / kind
         if not d.is_dir():
@@ -52,7 +62,8 @@ def list_fixtures(task: TaskSpec) -> list[Fixture]:
                         f"Task {task.task_id!r}: bad fixture {p.name!r} must start with the guard that rejects "
                         f"it ({', '.join(GUARD_NAMES)}) followed by '-'; rename it."
                     )
-            out.append(Fixture(name, p, kind == "good", guard))
+            devs = requires.get(name, {}).get("devices")
+            out.append(Fixture(name, p, kind == "good", guard, tuple(devs) if devs is not None else None))
     return out
 
 

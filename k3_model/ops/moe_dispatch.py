@@ -100,26 +100,31 @@ def moe_route_dispatch_standard(
     topk_ids.copy_(torch.where(valid, ids, torch.full_like(ids, -1)).to(torch.int32))
 
     # Alignment: group the flat (token, slot) indices by expert, pad each segment to block_size.
+    # No host synchronisation (no .item()/int() of device values, no bincount, no data-dependent
+    # shapes), so the standard path can be captured into a CUDA graph: padding-row entries (key E)
+    # are scattered to one dump slot past the end of a scratch copy instead of being cut off.
     numel = T * top_k
+    cap = sorted_token_ids.numel()
     flat = topk_ids.reshape(-1).long()
     in_range = (flat >= 0) & (flat < E)
     key = torch.where(in_range, flat, torch.full_like(flat, E))
-    order = torch.sort(key, stable=True).indices
-    counts = torch.bincount(key, minlength=E + 1)[:E]
+    sorted_key, order = torch.sort(key, stable=True)
+    counts_all = torch.zeros(E + 1, dtype=torch.long, device=flat.device).scatter_add_(0, key, torch.ones_like(key))
+    counts = counts_all[:E]
     padded = (counts + block_size - 1) // block_size * block_size
     padded_end = torch.cumsum(padded, 0)
-    seg_start = padded_end - padded
-    count_start = torch.cumsum(counts, 0) - counts
-    n_valid = int(counts.sum())
-    sorted_experts = key[order[:n_valid]]
-    rank = torch.arange(n_valid, device=flat.device) - count_start[sorted_experts]
-    sorted_token_ids.fill_(numel)
-    sorted_token_ids[seg_start[sorted_experts] + rank] = order[:n_valid].to(torch.int32)
-    total = padded_end[-1] if E else torch.zeros((), dtype=torch.long)
+    seg_start = torch.cat([padded_end - padded, padded_end.new_full((1,), cap)])  # key E -> the dump slot
+    count_start = torch.cumsum(counts_all, 0) - counts_all
+    rank = torch.arange(numel, device=flat.device) - count_start[sorted_key]
+    dest = torch.where(sorted_key < E, seg_start[sorted_key] + rank, torch.full_like(rank, cap))
+    scratch = torch.full((cap + 1,), numel, dtype=torch.int32, device=flat.device)
+    scratch[dest] = order.to(torch.int32)
+    sorted_token_ids.copy_(scratch[:cap])
+    total = padded_end[-1] if E else torch.zeros((), dtype=torch.long, device=flat.device)
     block_starts = torch.arange(expert_ids.numel(), device=flat.device) * block_size
     block_expert = torch.searchsorted(padded_end, block_starts, right=True)
     expert_ids.copy_(torch.where(block_starts < total, block_expert, torch.full_like(block_expert, -1)).to(torch.int32))
-    num_tokens_post_padded.fill_(int(total))
+    num_tokens_post_padded.copy_(total.reshape(1))
 
 
 def moe_route_dispatch(

@@ -1,0 +1,213 @@
+"""``workbench bench TASK``: decode-batch sweep of the standard path against a kernel, on CUDA.
+
+For each batch size (the task's batch axis) at the sizes of one template workload (default: the
+task's first perf workload, real K3 sizes for ``k3_moe_dispatch``), four ways of running the op, all
+timed with the one harness in :mod:`kernels.timing` (CUDA events, L2 flushed, interleaved A B):
+
+- ``standard_eager``: the standard path, torch eager (``decode_backend=standard``);
+- ``standard_graph``: the standard path captured once and replayed as a CUDA graph (the fair
+  baseline: no host launch overhead);
+- ``standard_compile``: ``torch.compile(dynamic=True)`` of the op on the standard path;
+- ``kernel_eager`` / ``kernel_graph``: the latency-specialized path (``decode_backend=
+  latency_specialized``), eager and replayed as a CUDA graph.
+
+Each graph is checked to rewrite its outputs (poisoned before a replay) and, for the kernel, to
+recompute them on new inputs. Per configuration: medians (us), speedups, the physical floor
+``max(min bytes / measured copy bandwidth, one launch)`` and % of it reached. The measurement runs in a
+child process rooted at the candidate's worktree (so its ``k3_model`` is imported, never into the
+workbench process); the parent writes ``<task>.json`` and ``<task>.png`` with the environment.
+
+Source: issue 3 "Benchmarks" and "Targets".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+VARIANTS = ("standard_eager", "standard_graph", "standard_compile", "kernel_eager", "kernel_graph")
+
+
+def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = "cuda",
+              batches: Sequence[int] = DEFAULT_BATCHES, workload: str | None = None, repetitions: int = 200,
+              compile_standard: bool = True, out_dir: Path | None = None, timeout_s: float = 900) -> Path:
+    """Benchmark a task's op over decode batches; write JSON and PNG; return the JSON path.
+
+    Args:
+        root: the workbench checkout.
+        task_id: task id.
+        candidate: overlay folder, patch or branch holding the kernel (committed into a worktree as
+            ``workbench run`` does); ``None`` benchmarks the checkout as it is.
+        device: must be ``cuda``.
+        batches: batch sizes (requests).
+        workload: template workload name (default: the task's first perf workload).
+        repetitions: timed calls per side and pair (count).
+        compile_standard: also time ``torch.compile`` of the standard path.
+        out_dir: where to write (default ``bench/results/local``).
+        timeout_s: wall-clock limit of the measuring child (seconds).
+
+    Raises:
+        ValueError: device is not cuda.
+        RuntimeError: the measuring child failed (its stderr tail in the message).
+    """
+    from workbench.taskspec import load_task
+    from workbench.worktree import create_candidate
+
+    if device != "cuda":
+        raise ValueError(f"workbench bench: --device {device!r}: the benchmark times CUDA kernels; use --device cuda.")
+    task = load_task(root, task_id)
+    wt = create_candidate(root, task_id, candidate).worktree if candidate else root
+    out_dir = Path(out_dir or root / "bench" / "results" / "local")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{task_id}.json"
+    args = {"worktree": str(wt), "task_root": str(task.root), "task_id": task_id, "batches": list(batches),
+            "workload": workload or task.perf.workloads[0], "repetitions": repetitions,
+            "compile": compile_standard, "out": str(json_path), "candidate": candidate}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(wt), str(Path(__file__).resolve().parents[1])]))
+    proc = subprocess.run([sys.executable, "-m", "workbench.bench", json.dumps(args)], cwd=str(wt), env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 or not json_path.is_file():
+        raise RuntimeError(f"workbench bench: the measuring child failed (status {proc.returncode}): "
+                           f"{proc.stderr[-3000:]}")
+    plot(json_path, json_path.with_suffix(".png"))
+    return json_path
+
+
+# --------------------------------------------------------------------------------- child side
+
+
+def _measure(args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from guards.cases import build_case
+    from k3_model.dispatch import forward_context
+    from kernels import stats, timing
+    from workbench import env as envmod
+    from workbench.taskspec import load_task
+
+    task = load_task(Path(args["task_root"]).parents[1], args["task_id"])
+    template = task.workload(args["workload"])
+    mod_name, fn_name = task.target.split(":")
+    import importlib
+
+    op = getattr(importlib.import_module(mod_name), fn_name)
+    compiled = torch.compile(op, dynamic=True) if args["compile"] else None
+    lim = timing.device_limits()
+    rows = []
+    for T in args["batches"]:
+        axes = dict(template.axes)
+        axes[task.scope.batch_axis] = int(T)
+        w = template.model_copy(update={"axes": axes, "name": f"bench-{T}"})
+        case = build_case(task, w, seed=1234 + int(T))
+        inputs = {k: v.cuda() for k, v in case.inputs_a.items()}
+        new_inputs = {k: v.cuda() for k, v in case.inputs_b.items()}
+
+        def outs() -> dict[str, torch.Tensor]:
+            return {k: torch.full(s["shape"], s["poison"], dtype=getattr(torch, s["dtype"]), device="cuda")
+                    for k, s in case.output_specs.items()}
+
+        o_std, o_ker, o_cmp = outs(), outs(), outs()
+
+        def call(fn, backend, o):
+            def f() -> None:
+                with forward_context(decode_backend=backend, phase=w.phase):
+                    fn(**inputs, **case.kwargs, **o)
+            return f
+
+        std = call(op, "standard", o_std)
+        ker = call(op, "latency_specialized", o_ker)
+        reps = int(args["repetitions"])
+        eager = timing.time_pair(std, ker, device="cuda", warmup=20, repetitions=reps)
+        # freshness of the kernel's graph: replay after new inputs must equal an eager call
+        saved = {k: v.clone() for k, v in inputs.items()}
+
+        def refresh() -> None:
+            for k in inputs:
+                inputs[k].copy_(new_inputs[k])
+
+        timing.capture_graph(ker, outputs=list(o_ker.values()), refresh_inputs=refresh)
+        for k in inputs:
+            inputs[k].copy_(saved[k])
+        graph = timing.time_pair(std, ker, device="cuda", warmup=20, repetitions=reps, cuda_graph=True,
+                                 outputs={"baseline": list(o_std.values()), "candidate": list(o_ker.values())})
+        med = stats.median
+        row = {"batch": int(T), "axes": axes,
+               "standard_eager_us": med(eager.baseline.samples_us), "kernel_eager_us": med(eager.candidate.samples_us),
+               "standard_graph_us": med(graph.baseline.samples_us), "kernel_graph_us": med(graph.candidate.samples_us),
+               "samples_us": {"standard_eager": eager.baseline.samples_us, "kernel_eager": eager.candidate.samples_us,
+                              "standard_graph": graph.baseline.samples_us, "kernel_graph": graph.candidate.samples_us}}
+        row["speedup_vs_graph"] = row["standard_graph_us"] / row["kernel_graph_us"]
+        row["speedup_vs_graph_ci99"] = stats.bootstrap_ratio_ci(graph.baseline.samples_us, graph.candidate.samples_us,
+                                                                confidence=0.99, resamples=1000)
+        row["speedup_vs_eager"] = row["standard_eager_us"] / row["kernel_eager_us"]
+        if compiled is not None:
+            cmp_fn = call(compiled, "standard", o_cmp)
+            for _ in range(3):
+                cmp_fn()  # compile (and recompile for this shape) outside timing
+            comp = timing.time_pair(cmp_fn, ker, device="cuda", warmup=10, repetitions=reps)
+            row["standard_compile_us"] = med(comp.baseline.samples_us)
+            row["samples_us"]["standard_compile"] = comp.baseline.samples_us
+            row["speedup_vs_compile"] = row["standard_compile_us"] / row["kernel_eager_us"]
+        nbytes = timing.min_bytes([*inputs.values(), *o_ker.values()])
+        row["min_bytes"] = nbytes
+        row["floor_eager_us"] = timing.floor_us(nbytes, bandwidth_gbps=lim.copy_gbps, launch_us=lim.launch_us)
+        row["floor_graph_us"] = timing.floor_us(nbytes, bandwidth_gbps=lim.copy_gbps, launch_us=lim.graph_launch_us)
+        row["kernel_graph_pct_of_floor"] = 100.0 * row["floor_graph_us"] / row["kernel_graph_us"]
+        row["kernel_eager_pct_of_floor"] = 100.0 * row["floor_eager_us"] / row["kernel_eager_us"]
+        rows.append(row)
+        print(f"T={T:3d} std eager {row['standard_eager_us']:7.1f} graph {row['standard_graph_us']:6.1f} "
+              f"compile {row.get('standard_compile_us', float('nan')):7.1f} | kernel eager {row['kernel_eager_us']:6.1f} "
+              f"graph {row['kernel_graph_us']:6.1f} | x{row['speedup_vs_graph']:.2f} vs graph, "
+              f"{row['kernel_graph_pct_of_floor']:.0f}% of floor", flush=True)
+    return {"schema": "workbench-bench/1", "task_id": task.task_id, "workload": template.name,
+            "candidate": args.get("candidate"), "variants": list(VARIANTS), "device_limits": lim.to_dict(),
+            "timing": {"repetitions": int(args["repetitions"]), "flush_l2": True, "interleaved": True,
+                       "timer": "cuda_event", "statistic": "median"},
+            "environment": envmod.collect("cuda"), "rows": rows}
+
+
+def plot(json_path: Path, png_path: Path) -> None:
+    """Plot microseconds per call against batch for every variant (log-log) with the graph floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(Path(json_path).read_text())
+    rows = data["rows"]
+    xs = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v in VARIANTS:
+        key = f"{v}_us"
+        if all(key in r for r in rows):
+            ax.plot(xs, [r[key] for r in rows], marker="o", label=v.replace("_", " "))
+    ax.plot(xs, [r["floor_graph_us"] for r in rows], "k--", label="floor (graph launch / bandwidth)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("decode batch (tokens)")
+    ax.set_ylabel("us per call (median)")
+    gpu = data.get("environment", {}).get("gpu_name") or ""
+    ax.set_title(f"{data['task_id']} ({data['workload']} sizes) on {gpu}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    """Child entry: ``python -m workbench.bench '<json args>'`` (see :func:`run_bench`)."""
+    args = json.loads(argv[0])
+    sys.path.insert(0, args["worktree"])
+    result = _measure(args)
+    Path(args["out"]).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
