@@ -141,7 +141,8 @@ def check_graph_replay(
         graph: the captured graph of ``fn``.
         fn: the eager callable (run once on the refreshed inputs to get the expected outputs).
         outputs: tensors the graph must write.
-        refresh_inputs: optional; writes new data into the static inputs before the replay.
+        refresh_inputs: optional; writes new data into the static inputs before the replay. Outputs
+            that two eager calls on the same data write differently are checked as written only.
 
     Raises:
         TimingError: an output element is still poisoned after the replay, or differs from the
@@ -152,6 +153,10 @@ def check_graph_replay(
         fn()
         torch.cuda.synchronize()
         expected = [o.clone() for o in outputs]
+        fn()  # a second eager call: outputs that legitimately differ between calls (e.g. an order left
+        torch.cuda.synchronize()  # free by the contract, set by atomics) are only checked as written
+        deterministic = [torch.equal(o, e) or (o.dtype.is_floating_point and bool(torch.equal(o.isnan(), e.isnan())
+                         and torch.allclose(o, e, equal_nan=True))) for o, e in zip(outputs, expected)]
     for o in outputs:
         _poison(o)
     graph.replay()
@@ -166,6 +171,8 @@ def check_graph_replay(
             )
     if refresh_inputs is not None:
         for i, (o, e) in enumerate(zip(outputs, expected)):
+            if not deterministic[i]:
+                continue
             same = torch.equal(o, e) if not o.dtype.is_floating_point else bool(
                 torch.allclose(o, e, rtol=1e-5, atol=1e-6, equal_nan=True))
             if not same:

@@ -146,8 +146,8 @@ def test_gpu_sync_inside_window_would_inflate_a_tiny_kernel():
         e.synchronize()
         naive.append(s.elapsed_time(e) * 1e3)
     naive_med = sorted(naive)[50]
-    assert ours < 10.0, f"one tiny kernel replayed from a graph took {ours:.1f} us"
-    assert naive_med > ours
+    assert ours < 30.0, f"one tiny kernel replayed from a graph took {ours:.1f} us"
+    assert naive_med > ours, (naive_med, ours)
 
 
 @pytest.mark.gpu
