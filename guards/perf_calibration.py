@@ -39,7 +39,8 @@ def _spin_us(us: float) -> None:
 
 
 def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 100, planted_trials: int = 40,
-            slowdowns_pct: Sequence[float] = SLOWDOWNS_PCT, repetitions: int | None = None) -> dict[str, Any]:
+            slowdowns_pct: Sequence[float] = SLOWDOWNS_PCT, repetitions: int | None = None,
+            checkpoint: Path | None = None) -> dict[str, Any]:
     """Run the trials (see module doc) and return raw samples per configuration and condition.
 
     Args:
@@ -50,6 +51,7 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
         planted_trials: trials per configuration and planted slowdown (count).
         slowdowns_pct: planted slowdowns (percent of the pilot median).
         repetitions: timed calls per side (default: the task's).
+        checkpoint: when given, the data so far is written there (JSON) after each configuration.
 
     Returns:
         ``{"task_id", "device", "warmup", "repetitions", "configs": [{"name", "axes", "pilot_median_us",
@@ -72,7 +74,11 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
     op = getattr(importlib.import_module(mod_name), fn_name)
     warmup = task.perf.warmup
     reps = repetitions or task.perf.repetitions
-    configs = []
+    configs: list[dict[str, Any]] = []
+    head = {"schema": "workbench-perf-calibration/1", "task_id": task_id, "device": device, "warmup": warmup,
+            "repetitions": reps, "timer": "kernels.timing.time_interleaved (events, L2 flush, interleaved)",
+            "planted_by": "host busy-wait of p% of the pilot median before each candidate call",
+            "environment": envmod.collect(device)}
     for name in task.perf.workloads:
         w = task.workload(name)
         case = build_case(task, w, seed=99)
@@ -112,12 +118,11 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
         configs.append({"name": name, "axes": dict(w.axes), "pilot_median_us": pilot,
                         "planted_delay_us": {f"slow{p:g}": pilot * p / 100.0 for p in slowdowns_pct},
                         "seconds": time.monotonic() - t0, "trials": trials})
+        if checkpoint is not None:
+            Path(checkpoint).write_text(json.dumps({**head, "configs": configs}))
         print(f"calibration {name}: pilot {pilot:.1f} us, {sum(len(v) for v in trials.values())} trials "
               f"in {time.monotonic() - t0:.0f} s", flush=True)
-    return {"schema": "workbench-perf-calibration/1", "task_id": task_id, "device": device, "warmup": warmup,
-            "repetitions": reps, "timer": "kernels.timing.time_interleaved (events, L2 flush, interleaved)",
-            "planted_by": "host busy-wait of p% of the pilot median before each candidate call",
-            "environment": envmod.collect(device), "configs": configs}
+    return {**head, "configs": configs}
 
 
 def _trial_stats(trial: dict) -> tuple[float, float]:
@@ -185,7 +190,7 @@ def main(argv: list[str]) -> int:
         if "--planted" in argv:
             kw["planted_trials"] = int(argv[argv.index("--planted") + 1])
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
-        data = collect(Path.cwd(), argv[1], device=dev, **kw)
+        data = collect(Path.cwd(), argv[1], device=dev, checkpoint=Path(argv[2]), **kw)
         Path(argv[2]).write_text(json.dumps(data))
         return 0
     if len(argv) == 3 and argv[0] == "evaluate":
