@@ -140,9 +140,10 @@ class PerfGuard:
                 base = [float(x) for x in p["baseline_us"]]
                 cand = [float(x) for x in p["candidate_us"]]
                 impl = ",".join(sorted({d.get("implementation") for d in p.get("trace_candidate", [])})) or "none"
-                stats = classify(base, cand, claimed=True, max_regression_pct=task.perf.max_regression_pct,
+                max_reg, alpha = task.perf.regression_test(ctx.device)
+                stats = classify(base, cand, claimed=True, max_regression_pct=max_reg,
                                  min_speedup=task.perf.min_speedup, confidence=task.perf.confidence,
-                                 alpha=task.perf.alpha, seed=i)
+                                 alpha=alpha, seed=i)
                 physical_checks(stats, p)
                 if (sum(base) + sum(cand)) > float(p["wall_s"]) * 1e6 * WALL_SLACK:
                     stats["verdict"] = "regression"

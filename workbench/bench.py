@@ -12,7 +12,7 @@ timed with the one harness in :mod:`kernels.timing` (CUDA events, L2 flushed, in
   latency_specialized``), eager and replayed as a CUDA graph.
 
 Each graph is checked to rewrite its outputs (poisoned before a replay) and, for the kernel, to
-recompute them on new inputs. Per configuration: medians (us), speedups, the physical floor
+recompute them on new inputs (the task's checker against its reference). Per configuration: medians (us), speedups, the physical floor
 ``max(min bytes / measured copy bandwidth, one launch)`` and % of it reached. The measurement runs in a
 child process rooted at the candidate's worktree (so its ``k3_model`` is imported, never into the
 workbench process); the parent writes ``<task>.json`` and ``<task>.png`` with the environment.
@@ -84,7 +84,7 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
 def _measure(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from guards.cases import build_case
+    from guards.cases import build_case, load_task_module
     from k3_model.dispatch import forward_context
     from kernels import stats, timing
     from workbench import env as envmod
@@ -92,6 +92,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
 
     task = load_task(Path(args["task_root"]).parents[1], args["task_id"])
     template = task.workload(args["workload"])
+    ref = load_task_module(task, "reference")
     mod_name, fn_name = task.target.split(":")
     import importlib
 
@@ -130,7 +131,12 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
             for k in inputs:
                 inputs[k].copy_(new_inputs[k])
 
-        timing.capture_graph(ker, outputs=list(o_ker.values()), refresh_inputs=refresh)
+        def verify() -> list[str]:  # the task's own checker against its reference, on the new inputs
+            cpu_in = {k: v.cpu() for k, v in new_inputs.items()}
+            got = {k: v.cpu() for k, v in o_ker.items()}
+            return ref.check(cpu_in, case.kwargs, got, ref.reference(cpu_in, case.kwargs), task.correctness.tolerance)
+
+        timing.capture_graph(ker, outputs=list(o_ker.values()), refresh_inputs=refresh, verify=verify)
         for k in inputs:
             inputs[k].copy_(saved[k])
         graph = timing.time_pair(std, ker, device="cuda", warmup=20, repetitions=reps, cuda_graph=True,

@@ -227,6 +227,20 @@ class CorrectnessSpec(_Frozen):
     tolerance: dict[str, ToleranceSpec]
 
 
+class PerfDeviceSpec(_Frozen):
+    """Regression-test settings for one device kind, calibrated there (overrides ``PerfSpec``'s).
+
+    Attributes:
+        max_regression_pct: tolerated slowdown (percent of the baseline median).
+        alpha: significance level of the regression test (0-1).
+        source: the calibration result file that justifies them.
+    """
+
+    max_regression_pct: float = Field(gt=0, le=100)
+    alpha: float = Field(gt=0.0, lt=0.5)
+    source: str = Field(min_length=3)
+
+
 class PerfSpec(_Frozen):
     """Performance checks.
 
@@ -241,6 +255,8 @@ class PerfSpec(_Frozen):
         confidence: two-sided confidence level of the bootstrap interval (0-1).
         alpha: significance level of the regression test (0-1).
         source: where the thresholds come from.
+        cuda: settings calibrated on a GPU (A/A false alarms, planted-slowdown power), used instead
+            of ``max_regression_pct`` and ``alpha`` when the guard runs on CUDA.
     """
 
     workloads: tuple[str, ...] = Field(min_length=1)
@@ -251,6 +267,13 @@ class PerfSpec(_Frozen):
     confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
     alpha: float = Field(default=0.01, gt=0.0, lt=0.5)
     source: str = Field(min_length=3)
+    cuda: PerfDeviceSpec | None = None
+
+    def regression_test(self, device: str) -> tuple[float, float]:
+        """``(max_regression_pct, alpha)`` for ``device`` (the calibrated CUDA pair where given)."""
+        if device == "cuda" and self.cuda is not None:
+            return self.cuda.max_regression_pct, self.cuda.alpha
+        return self.max_regression_pct, self.alpha
 
 
 class TimeoutSpec(_Frozen):
