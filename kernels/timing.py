@@ -367,7 +367,8 @@ class DeviceLimits:
 
     Attributes:
         copy_gbps: device-to-device copy bandwidth, bytes read plus written (GB/s, 1e9 bytes/s).
-        launch_us: median event time of one launch of a one-element kernel, eager (microseconds).
+        launch_us: median event time of one launch of a one-element kernel, eager, timed as every
+            other call (L2 flushed, idle device at the window's start) (microseconds).
         graph_launch_us: the same kernel replayed as a one-node CUDA graph (microseconds).
     """
 
@@ -416,8 +417,11 @@ def device_limits(device_index: int | None = None, copy_bytes: int = 2 * 2**30) 
         def one() -> None:
             tiny.add_(1.0)
 
-        eager = time_pair(one, one, device="cuda", warmup=20, repetitions=100, flush_l2=False)
-        graph = time_pair(one, one, device="cuda", warmup=20, repetitions=100, flush_l2=False, cuda_graph=True)
+        # same conditions as the timings the floor bounds (flush + idle device at the window's start):
+        # without the flush the GPU idles between calls, its clocks drop and a launch reads slower
+        # (H200, bench/results/h200: 16.3 us unflushed vs 13.8 us for a whole flushed kernel call)
+        eager = time_pair(one, one, device="cuda", warmup=20, repetitions=100, flush_l2=True)
+        graph = time_pair(one, one, device="cuda", warmup=20, repetitions=100, flush_l2=True, cuda_graph=True)
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         return DeviceLimits(copy_gbps=gbps, launch_us=med(eager.baseline.samples_us + eager.candidate.samples_us),
                             graph_launch_us=med(graph.baseline.samples_us + graph.candidate.samples_us))
