@@ -22,12 +22,12 @@ from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
 WALL_SLACK = 1.05
 """Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
 
-TAIL_EXCESS_ABS_US = 5.0
+TAIL_EXCESS_ABS_US = 10.0
 TAIL_EXCESS_REL = 0.10
 """CUDA: a candidate whose median tail (end of call to a fence after a device-wide sync) exceeds the
 baseline's by more than ``max(TAIL_EXCESS_ABS_US, TAIL_EXCESS_REL x its median)`` left work running
 outside its timed window (side stream). Source: kernels/timing.py; the H200 A/A tails in
-bench/results/h200/perf_calibration.json."""
+bench/results/h200/perf_calibration.json (median tail differences within -6.9..+5.9 us over 500 trials)."""
 
 
 def physical_checks(stats: dict, p: dict) -> dict:
