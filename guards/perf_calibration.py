@@ -7,8 +7,8 @@ calibrated host busy-wait of ``p`` x its median before each call (the GPU idles 
 so the whole call is ``p`` percent slower), for ``p`` in 3 and 10. Conditions rotate trial by trial so
 drift hits all of them. Raw samples are kept.
 
-``evaluate`` (anywhere): the guard's regression rule (:func:`guards.perf.classify`: slowdown beyond
-``max_regression_pct`` and one-sided Mann-Whitney p below ``alpha``) applied to every trial for a grid
+``evaluate`` (anywhere): the guard's regression rule (:func:`guards.perf.classify`: paired slowdown
+beyond ``max_regression_pct`` and one-sided Wilcoxon p below ``alpha``) applied to every trial for a grid
 of settings; false-alarm rate = A/A trials called a regression, power = planted trials called one.
 
 Usage::
@@ -126,10 +126,12 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
 
 
 def _trial_stats(trial: dict) -> tuple[float, float]:
-    from kernels.stats import mann_whitney_greater, median
+    """The guard's statistics for one trial (:func:`guards.perf.classify`: median of the per-pair
+    ratios baseline / candidate, one-sided Wilcoxon signed-rank p that the candidate is slower)."""
+    from kernels.stats import median, wilcoxon_greater
 
     a, b = trial["baseline_us"], trial["candidate_us"]
-    return median(a) / median(b), mann_whitney_greater(b, a)
+    return median([x / y for x, y in zip(a, b)]), wilcoxon_greater(b, a)
 
 
 def evaluate(data: dict[str, Any], *, grid_pct: Sequence[float] = GRID_MAX_REGRESSION_PCT,
