@@ -80,11 +80,10 @@ def _garbage_padding(d: _Draw) -> None:
     """Fill what lies past each request's n_b with values that change the result if read."""
     cols = torch.arange(d.D + 1)
     pad_pos = cols.view(1, -1) > d.n.view(-1, 1).long()  # logits rows past the bonus position
-    if bool(pad_pos.any()):
-        junk = 30.0 * d.rand(d.B, d.D + 1, d.V) - 15.0
-        spike = d.randint(0, d.V, d.B, d.D + 1, 1)
-        junk.scatter_(-1, spike, 1.0e4)
-        d.logits = torch.where(pad_pos.unsqueeze(-1), junk, d.logits)
+    for b, i in pad_pos.nonzero().tolist():
+        junk = 30.0 * d.rand(d.V) - 15.0
+        junk[int(d.randint(0, d.V, 1))] = 1.0e4
+        d.logits[b, i] = junk
     pad_draft = cols[: d.D].view(1, -1) >= d.n.view(-1, 1).long()
     d.drafts = torch.where(pad_draft, torch.full_like(d.drafts, -1), d.drafts)
     if d.q is not None and bool(pad_draft.any()):

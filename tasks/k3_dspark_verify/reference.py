@@ -47,15 +47,16 @@ class Dist(NamedTuple):
 
     Attributes:
         p: (V,) float64 probabilities (sum 1), exact math on the input logits.
-        lo, hi: (V,) float64 bounds an fp32 implementation's probabilities may take (``lo <= p <= hi``).
+        lo, hi: (V,) float64 bounds an fp32 implementation's probabilities may take (``lo <= p <= hi``);
+            ``None`` unless asked for.
     """
 
     p: torch.Tensor
-    lo: torch.Tensor
-    hi: torch.Tensor
+    lo: torch.Tensor | None
+    hi: torch.Tensor | None
 
 
-def target_dist(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> Dist:
+def target_dist(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float, bounds: bool = False) -> Dist:
     """Temperature, top-k, softmax, top-p and renormalization of one position, in float64.
 
     Args:
@@ -64,38 +65,44 @@ def target_dist(logits_row: torch.Tensor, temperature: float, top_k: int, top_p:
         top_k: ``0 < k < V`` keeps every token whose logit is >= the k-th largest; otherwise off.
         top_p: in (0, 1]; < 1 keeps token j iff the mass of the tokens with strictly larger
             probability (after top-k) is < top_p.
+        bounds: also compute ``lo``/``hi``: ``REL_PROB`` relative, plus tokens within ``EPS_MASS`` of
+            the top-p boundary counted as either kept or dropped.
 
     Returns:
-        :class:`Dist` with bounds: ``REL_PROB`` relative, plus tokens within ``EPS_MASS`` of the top-p
-        boundary counted as either kept or dropped.
+        :class:`Dist`.
 
     Source: module docstring; kernel_targets.md §2.1 step 2 (vLLM ``apply_top_k_top_p``: top-k on the
     logits, then top-p over the renormalized probabilities).
     """
     x = logits_row.double()
     V = x.numel()
-    keep = torch.ones(V, dtype=torch.bool)
+    idx = None  # the top-k support (None: every token)
     if 0 < top_k < V:
-        kth = torch.topk(x, top_k).values[-1]
-        keep = x >= kth
-    z = torch.where(keep, x / temperature, torch.full_like(x, float("-inf")))
-    pi = torch.softmax(z, 0)
-    sure, maybe = keep, torch.zeros(V, dtype=torch.bool)
+        idx = torch.nonzero(x >= torch.topk(x, top_k).values[-1]).flatten()
+        x = x[idx]
+    pi = torch.softmax(x / temperature, 0)
+    keep = sure = maybe = None
     if top_p < 1.0:
         vals, order = torch.sort(pi, descending=True, stable=True)
         first = torch.searchsorted(-vals, -vals, side="left")  # first member of each tie group
-        above_sorted = (torch.cumsum(vals, 0) - vals)[first]
-        above = torch.empty_like(above_sorted).scatter_(0, order, above_sorted)
-        kept = keep & (above < top_p)
-        sure = keep & (above < top_p - EPS_MASS)
-        maybe = keep & ~sure & (above < top_p + EPS_MASS)
-        keep = kept
-    p = torch.where(keep, pi, torch.zeros_like(pi))
+        above = torch.empty_like(vals).scatter_(0, order, (torch.cumsum(vals, 0) - vals)[first])
+        keep = above < top_p
+        sure = above < top_p - EPS_MASS
+        maybe = ~sure & (above < top_p + EPS_MASS)
+    p = pi if keep is None else torch.where(keep, pi, 0.0)
     p = p / p.sum()
+
+    def full(v: torch.Tensor) -> torch.Tensor:
+        return v if idx is None else torch.zeros(V, dtype=torch.float64).index_copy_(0, idx, v)
+
+    if not bounds:
+        return Dist(full(p), None, None)
+    if keep is None:
+        return Dist(full(p), full(p * (1 - REL_PROB)), full(p * (1 + REL_PROB)))
     s_sure, s_maybe = float(pi[sure].sum()), float(pi[maybe].sum())
-    hi = torch.where(sure | maybe, pi / s_sure, torch.zeros_like(pi)) * (1 + REL_PROB)
-    lo = torch.where(sure, pi / (s_sure + s_maybe), torch.zeros_like(pi)) * (1 - REL_PROB)
-    return Dist(p, lo, hi)
+    hi = torch.where(sure | maybe, pi / s_sure, 0.0) * (1 + REL_PROB)
+    lo = torch.where(sure, pi / (s_sure + s_maybe), 0.0) * (1 - REL_PROB)
+    return Dist(full(p), full(lo), full(hi))
 
 
 def _argmax_first(v: torch.Tensor) -> int:
@@ -182,8 +189,8 @@ class _Request(NamedTuple):
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def dist(self, i: int) -> Dist:
-        return target_dist(self.logits[i], self.temperature, self.top_k, self.top_p)
+    def dist(self, i: int, bounds: bool = False) -> Dist:
+        return target_dist(self.logits[i], self.temperature, self.top_k, self.top_p, bounds)
 
 
 def _requests(inputs: Mapping[str, torch.Tensor]) -> list[_Request]:
@@ -281,7 +288,7 @@ def _walk(r: _Request, row: list[int]) -> tuple[list[str], int | None]:
             if d == best:
                 return [f"column {i} (greedy): draft {d} is the target argmax and must be accepted, got {tok}"], None
             return [f"column {i} (greedy): draft {d} is not the target argmax {best}: expected {best}, got {tok}"], None
-        dist = r.dist(i)
+        dist = r.dist(i, bounds=True)
         q_d = 1.0 if r.q is None else float(r.q[i, d])
         u = r.u[i]
         acc_ok = q_d > 0 and u * q_d < float(dist.hi[d])
@@ -313,7 +320,7 @@ def _walk(r: _Request, row: list[int]) -> tuple[list[str], int | None]:
         if tok == best:
             return tail_ok(n + 1), n
         return [f"column {n} (greedy bonus after {n} accepted drafts): expected the argmax {best}, got {tok}"], None
-    dist = r.dist(n)
+    dist = r.dist(n, bounds=True)
     allowed = race_allowed(dist.lo, dist.hi, r.noise)
     if tok is not None and 0 <= tok < len(allowed) and bool(allowed[tok]):
         return tail_ok(n + 1), n
