@@ -38,6 +38,12 @@ def generic_check(task, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return out
 
 
+def _clip(text: str, n: int) -> str:
+    """One sentence: at most ``n`` characters, exactly one final period."""
+    text = " ".join(text.split()).rstrip(".")
+    return (text[: n - 3] + "..." if len(text) > n else text) + "."
+
+
 def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     import torch
 
@@ -77,7 +83,7 @@ class CorrectnessGuard:
             why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
             return Verdict(
                 guard=self.name, status=Status.FAIL,
-                summary=f"The candidate's code did not complete: {why}.",
+                summary=f"The candidate's code did not complete: {_clip(why, 400)}",
                 evidence=(
                     Evidence(name="child_problem", value=why),
                     Evidence(name="child_duration", value=round(outcome.duration_s, 2), unit="s"),
@@ -138,7 +144,7 @@ class CorrectnessGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
-                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}): {mism[0][:160]}.",
+                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}): {_clip(mism[0], 400)}",
                 evidence=tuple(ev),
             )
         return Verdict(

@@ -15,11 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from workbench.errors import WorkbenchError
+from workbench.errors import CandidateError, WorkbenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernel-workbench: judge kernel candidates for K3 with guards, keep the evidence.")
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # piped: no truncated tables
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
@@ -30,10 +30,14 @@ def _root(repo: Optional[Path]) -> Path:
     from workbench.worktree import open_repo
 
     try:
-        return Path(open_repo(repo or Path.cwd()).working_dir)
+        root = Path(open_repo(repo or Path.cwd()).working_dir)
     except WorkbenchError as exc:
         _fail(exc)
         raise  # unreachable: _fail exits
+    if not (root / "tasks").is_dir() or not (root / "k3_model").is_dir():
+        _fail(WorkbenchError(f"{root} is a git repository but not a kernel-workbench checkout (no tasks/ and k3_model/); "
+                             "run the workbench from a clone of kernel-workbench or pass --repo."))
+    return root
 
 
 def _print_result(result, path: Path) -> None:
@@ -183,19 +187,40 @@ def verify(
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
 ) -> None:
-    """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file."""
+    """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
+
+    The branch is judged in a fresh worktree on a new ``wb/<task>/<n>`` branch at the same commit.
+    """
     from workbench.pipeline import run_candidate
+    from workbench.worktree import resolve_branch
 
     try:
-        result, path = run_candidate(_root(repo), task_id, branch, base=base, device=device, seed=seed)
+        root = _root(repo)
+        ref = resolve_branch(root, branch)
+        result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     if not no_queue:
         from workbench.review.cli import enqueue_accepted
 
-        enqueue_accepted(_root(repo), result, path)
+        enqueue_accepted(root, result, path)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
+
+
+@app.command()
+def clean(
+    branches: bool = typer.Option(False, "--branches", help="Also delete wb/* branches that the review queue does not reference."),
+    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+) -> None:
+    """Remove candidate worktrees under .workbench/worktrees (result files, transcripts and the queue stay)."""
+    from workbench.worktree import clean_worktrees
+
+    try:
+        removed, deleted = clean_worktrees(_root(repo), delete_branches=branches)
+    except WorkbenchError as exc:
+        _fail(exc)
+    console.print(f"removed {removed} worktree(s)" + (f", deleted {deleted} branch(es)" if branches else ""))
 
 
 @app.command()
@@ -273,7 +298,14 @@ def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device
             continue
         expect = "accepted" if fx.good else f"rejected by {fx.expected_guard}"
         console.rule(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})")
-        result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
+        try:
+            result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
+        except CandidateError as exc:
+            if "changes nothing" not in str(exc):
+                raise
+            console.print(f"  => [yellow]skipped[/]: {fx.name} is already merged at the base (its files are in HEAD), "
+                          "so there is nothing to judge")
+            continue
         failure = result.first_failure()
         ok = fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None)
         all_ok &= ok

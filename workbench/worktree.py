@@ -194,9 +194,14 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
             try:
                 wt_repo.git.apply("--whitespace=nowarn", str(Path(source).resolve()))
             except git.GitCommandError as exc:
+                raw = str(exc.stderr).strip().removeprefix("stderr:").strip().strip("'")
+                detail = "; ".join(l.strip() for l in raw.splitlines() if l.strip()) or str(exc)
+                if "No valid patches" in detail or "only garbage" in detail:
+                    fix = "it is not a git patch; make one with `git diff BASE > candidate.patch`"
+                else:
+                    fix = f"regenerate it against {base_sha[:10]} (git diff from that commit) or pass --base"
                 raise CandidateError(
-                    f"Candidate patch {source} does not apply to base {base_sha[:10]}: "
-                    f"{exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else exc}. Rebase the patch."
+                    f"Candidate patch {source} does not apply to base {base_sha[:10]} ({detail}); {fix}."
                 ) from None
             cand_sha = _commit_all(wt_repo, f"candidate for {task_id} from {Path(source).name}")
         elif kind == "folder":
@@ -340,3 +345,54 @@ def commit_attempt(repo_root: Path, awt: AgentWorktree, message: str) -> tuple[s
         sha = _git(awt.worktree, "rev-parse", "HEAD").strip()
     _git(awt.worktree, "clean", "-ffdxq")
     return sha, changed
+
+
+def resolve_branch(repo_root: Path, name: str) -> str:
+    """A branch or commit to verify: local first, then ``origin/<name>`` (e.g. in a fresh clone).
+
+    Raises:
+        CandidateError: neither exists.
+    """
+    repo = open_repo(repo_root)
+    for ref in (name, f"origin/{name}"):
+        try:
+            repo.commit(ref)
+            return ref
+        except (git.BadName, ValueError, git.GitCommandError):
+            continue
+    raise CandidateError(
+        f"Branch {name!r} does not exist in {repo.working_dir} (neither locally nor as origin/{name}); "
+        "`git branch --list 'wb/*'` lists the candidate branches."
+    )
+
+
+def clean_worktrees(repo_root: Path, *, delete_branches: bool = False) -> tuple[int, int]:
+    """Remove every candidate worktree; optionally delete ``wb/*`` branches the review queue does not hold.
+
+    Returns:
+        ``(worktrees_removed, branches_deleted)``.
+    """
+    repo = open_repo(repo_root)
+    root = Path(repo.working_dir)
+    wt_dir = state_dir(root) / "worktrees"
+    removed = 0
+    if wt_dir.is_dir():
+        for wt in sorted(wt_dir.iterdir()):
+            remove_candidate(root, wt)
+            removed += 1
+    deleted = 0
+    if delete_branches:
+        keep: set[str] = set()
+        db = state_dir(root) / "queue.db"
+        if db.is_file():
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(db)) as con:
+                with contextlib.suppress(sqlite3.Error):
+                    keep = {row[0] for row in con.execute("select branch from review_items")}
+        with git_lock(root):
+            for head in list(repo.heads):
+                if head.name.startswith("wb/") and head.name not in keep and head.name != repo.active_branch.name:
+                    repo.git.branch("-D", head.name)
+                    deleted += 1
+    return removed, deleted

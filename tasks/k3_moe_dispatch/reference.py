@@ -182,9 +182,9 @@ def _check_row(t: int, inputs, params, got_ids: list[int], got_w: torch.Tensor, 
         if v_k - v_k1 >= window or outside:
             why = (f"experts {outside} lie outside the tie window [{v_k1 - window:.9g}, {v_k + window:.9g}]"
                    if v_k - v_k1 < window else f"not a near-tie: K-th/(K+1)-th biased gap {v_k - v_k1:.3g} >= {window:.3g}")
-            return [f"topk_ids[{t}]: expected experts {_short(sorted(want_ids))} (any order), got "
-                    f"{_short(sorted(got_ids))}; missing {sorted(set(want_ids) - set(got_ids))}, extra "
-                    f"{sorted(set(got_ids) - set(want_ids))}; {why}"], []
+            return [f"topk_ids[{t}]: missing experts {sorted(set(want_ids) - set(got_ids))}, extra "
+                    f"{sorted(set(got_ids) - set(want_ids))} (expected {_short(sorted(want_ids))} in any order, got "
+                    f"{_short(sorted(got_ids))}); {why}"], []
         # Legit near-tie swap: the weights of got's set are recomputed from the inputs.
         recomputed = expert_weights(logits, got_ids, bool(params["renormalize"]), float(params["routed_scaling_factor"]))
         expected = dict(zip(got_ids, recomputed.tolist()))

@@ -3,6 +3,8 @@ and the CLI that drives it."""
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import subprocess
@@ -39,7 +41,8 @@ def test_scripted_agent_iterates_via_cli(repo):
     record = json.loads((repo / ".workbench/runs" / f"k3_moe_dispatch-{final.candidate.branch.rsplit('/', 1)[1]}.json").read_text())
     a1, a2 = record["attempts"]
     assert (a1["accepted"], a2["accepted"]) == (False, final.accepted)
-    assert a1["first_failure"].startswith("correctness: 1 of ")
+    # the bad attempt is wrong at T=33: the fixed k3_t33 workload, plus any run-time draw that lands on 33
+    assert re.match(r"correctness: [12] of \d+ configurations wrong", a1["first_failure"]), a1["first_failure"]
     assert "k3_t33" in a1["first_failure"]
     first = read_result(Path(a1["result_path"]))
     assert first.first_failure().guard == "correctness"

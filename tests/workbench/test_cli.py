@@ -60,3 +60,31 @@ def test_help_does_not_import_torch():
     code = "import sys; import workbench.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_git_repo_that_is_not_a_workbench_checkout(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f").write_text("x")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "f"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True)
+    p = wb(tmp_path, "tasks")
+    assert p.returncode == 2 and "not a kernel-workbench checkout" in p.stderr
+
+
+def test_selftest_skips_a_fixture_already_merged(fresh_repo):
+    import shutil
+
+    from tests.conftest import git
+
+    src = fresh_repo / GOOD / "k3_model/kernels/moe_dispatch/__init__.py"
+    shutil.copy(src, fresh_repo / "k3_model/kernels/moe_dispatch/__init__.py")
+    git(fresh_repo, "add", "-A")
+    git(fresh_repo, "commit", "-qm", "merge the good kernel")
+    p = wb(fresh_repo, "selftest", "k3_moe_dispatch", "-f", "lean-torch-cpu")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "lean-torch-cpu is already merged at the base" in p.stdout
+
+
+def test_tables_are_not_truncated_when_piped(project_repo):
+    p = wb(project_repo, "tasks")
+    assert "k3_model/kernels/moe_dispatch/**" in p.stdout and "k3_model.ops.moe_dispatch:moe_route_dispatch" in p.stdout

@@ -91,3 +91,31 @@ def test_remove_candidate(fresh_repo):
     remove_candidate(fresh_repo, c.worktree, c.branch)
     assert not c.worktree.exists()
     assert c.branch not in _branches(fresh_repo)
+
+
+def test_not_a_patch_gets_the_right_advice(fresh_repo, tmp_path):
+    junk = tmp_path / "notes.patch"
+    junk.write_text("just some text\n")
+    with pytest.raises(CandidateError, match="it is not a git patch; make one with `git diff BASE > candidate.patch`"):
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(junk))
+
+
+def test_stale_patch_names_the_failing_file(fresh_repo, tmp_path):
+    bad = tmp_path / "stale.patch"
+    bad.write_text("diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n@@ -1 +1 @@\n-not the first line\n+x\n")
+    with pytest.raises(CandidateError) as ei:
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(bad))
+    msg = str(ei.value)
+    assert "README.md" in msg and "regenerate it against" in msg and "'" not in msg.split("(")[1][:2]
+
+
+def test_resolve_branch_and_clean(fresh_repo):
+    from workbench.worktree import clean_worktrees, resolve_branch
+
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    assert resolve_branch(fresh_repo, c.branch) == c.branch
+    with pytest.raises(CandidateError, match="neither locally nor as origin/wb/nope"):
+        resolve_branch(fresh_repo, "wb/nope")
+    removed, deleted = clean_worktrees(fresh_repo, delete_branches=True)
+    assert (removed, deleted) == (1, 1)
+    assert not c.worktree.exists() and c.branch not in _branches(fresh_repo)

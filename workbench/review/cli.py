@@ -6,6 +6,8 @@ PASS, a conflicting merge) is exit code 1.
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +18,7 @@ from rich.table import Table
 from workbench.errors import WorkbenchError
 
 review_app = typer.Typer(no_args_is_help=True, help="The human review queue: evidence first, approve to merge.")
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # piped: no truncated tables
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 STATE_STYLE = {"queued": "blue", "approved": "cyan", "merged": "green", "rejected": "red", "stale": "magenta"}
