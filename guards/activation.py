@@ -60,6 +60,10 @@ class ActivationGuard:
                 evidence=(Evidence(name="declared_scope", value="none", path=f"k3_model/kernels/{task.op}/"),),
             )
         excess = scope_excess(claimed, task.scope)
+        untested = sorted(set(claimed.get("devices", ())) - {ctx.device})
+        if untested and not excess:
+            excess = [f"devices {untested} were not judged in this run (device {ctx.device}); a scope must equal what "
+                      f"was tested: drop them from SCOPE, or ship one kernel per device and judge each there"]
         if excess:
             return Verdict(
                 guard=self.name, status=Status.FAIL,

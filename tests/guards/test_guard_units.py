@@ -140,3 +140,12 @@ def test_result_file_version_is_checked(tmp_path):
     p.write_text("{not json")
     with pytest.raises(WorkbenchError, match="not JSON"):
         read_result(p)
+
+
+def test_claiming_a_device_not_judged_fails_activation(project_repo, tmp_path):
+    src = (project_repo / GOOD).read_text().replace('devices=("cpu",)', 'devices=("cpu", "cuda")')
+    ctx = _candidate(project_repo, tmp_path, src, "both-devices")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    v = ActivationGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "devices ['cuda'] were not judged in this run (device cpu)" in v.summary
