@@ -152,6 +152,30 @@ def _perf_case(fn, fc, rt, req, case):
     }
 
 
+_WATCHED = ("time", "k3_model.dispatch", "kernels.timing")
+"""Modules whose functions candidate code must leave alone (plus the op's module, added at run time)."""
+
+
+def _snapshot(modules):
+    """``{module.attr: id(obj)}`` of every callable in ``modules`` (and torch.cuda.Event's timer)."""
+    snap = {}
+    for m in modules:
+        for k, v in list(vars(m).items()):
+            if callable(v):
+                snap[f"{m.__name__}.{k}"] = id(v)
+    import torch
+
+    snap["torch.cuda.Event.elapsed_time"] = id(torch.cuda.Event.elapsed_time)
+    snap["torch.cuda.synchronize"] = id(torch.cuda.synchronize)
+    return snap
+
+
+def _patched(before, modules):
+    """Names whose objects were replaced since ``before`` (monkeypatching by candidate code)."""
+    after = _snapshot(modules)
+    return sorted(k for k, v in before.items() if after.get(k) != v)
+
+
 def _read_nonce(fd: int) -> bytes:
     data = b""
     while len(data) < NONCE_BYTES:
@@ -190,6 +214,8 @@ def main() -> int:
 
         mod_name, fn_name = req["target"].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
+        watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
+        before = _snapshot(watched)  # the candidate's kernel is not imported yet
         scope = declared_scope(req["op"])
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
@@ -200,6 +226,9 @@ def main() -> int:
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))
+        patched = _patched(before, watched)
+        if patched:
+            raise RuntimeError(f"HarnessPatched: candidate code replaced {', '.join(patched[:5])}")
         response["ok"] = True
     except Exception as exc:
         response["error"] = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=8)[-3000:]

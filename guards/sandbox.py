@@ -12,7 +12,7 @@ workbench process never does. Containment, in the order a child meets it:
   killed when the run ends, so a child that escapes its process group (``setsid``) dies too;
 - **limits**: wall clock (the process group, then the uid, killed), address space (CPU runs),
   processes (``RLIMIT_NPROC``: per uid, so a fork bomb stops at :data:`MAX_PROCESSES`), file size
-  (``RLIMIT_FSIZE`` = :data:`OUTPUT_CAP_BYTES`, so flooding stdout kills the child with SIGXFSZ), no
+  (``RLIMIT_FSIZE`` = :data:`OUTPUT_CAP_BYTES`: flooding stdout hits the cap, and the run is a FAIL), no
   core dumps;
 - **an authenticated response channel**: the response travels through a pipe inherited by fd, framed
   with a random nonce the parent sends through a second pipe that the child reads and closes before
@@ -52,7 +52,7 @@ _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH
 _TAIL_BYTES = 4000
 
 OUTPUT_CAP_BYTES = 16 * 2**20
-"""Largest file the child may write, stdout and stderr included (bytes); beyond it SIGXFSZ kills it."""
+"""Largest file the child may write, stdout and stderr included (bytes); reaching it fails the run."""
 MAX_PROCESSES = 128
 """Processes and threads the child's uid may hold at once (RLIMIT_NPROC; threads count)."""
 MAX_RESPONSE_BYTES = 1 << 30
@@ -136,6 +136,22 @@ def _death_problem(returncode: int, out_bytes: int, err_bytes: int) -> str:
     return "child exited without writing its response"
 
 
+def _user_tasks(uid: int) -> int:
+    """Threads and processes of ``uid`` now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                n += int(fields.get("Threads", "1"))
+        except (OSError, KeyError, ValueError):
+            continue
+    return n
+
+
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` (``kill -9 -1`` run as that uid; it never reaches others)."""
     kill = shutil.which("kill") or "/bin/kill"
@@ -196,14 +212,15 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         nonce = secrets.token_bytes(NONCE_BYTES)
         resp_r, resp_w = os.pipe()
         nonce_r, nonce_w = os.pipe()
-        nproc = MAX_PROCESSES
+        # a fresh uid starts from zero; a shared uid's count includes the user's other processes
+        nproc = MAX_PROCESSES if uid is not None else _user_tasks(os.getuid()) + MAX_PROCESSES
 
         def limits() -> None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_CAP_BYTES, OUTPUT_CAP_BYTES))
-            if uid is not None:  # per fresh uid; for a shared uid the limit would count the user's other processes
+            if uid is not None or os.geteuid() != 0:  # root ignores RLIMIT_NPROC; setpriv drops root first
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if device == "cpu":
                 resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -269,6 +286,8 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         payload, frame_problem = _read_frame(b"".join(chunks), nonce)
         if timed_out:
             problem = f"child exceeded its {timeout_s:.0f} s wall-clock limit and was killed"
+        elif max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:  # Python ignores SIGXFSZ: writes fail with EFBIG
+            problem = _death_problem(-signal.SIGXFSZ, out_bytes, err_bytes)
         elif overflow.is_set():
             problem = f"child response exceeded {MAX_RESPONSE_BYTES} bytes"
         elif frame_problem:
