@@ -110,3 +110,16 @@ def test_crash_hang_and_flood_come_back_as_one_line_problems(tmp_path, src, need
 
 def test_user_task_count_sees_this_process():
     assert sandbox._user_tasks(os.getuid()) >= 1
+
+
+def test_timing_tampering_cross_check():
+    from guards.perf import timing_tampering
+
+    wall = [100.0] * 50
+    honest_loaded = [60.0] * 50  # CPU clock under load: below the wall clock, equally on both sides
+    assert timing_tampering(honest_loaded, wall, honest_loaded, wall, device="cpu") is None
+    assert "tampering" in timing_tampering(honest_loaded, wall, [15.0] * 50, wall, device="cpu")
+    assert "tampering" in timing_tampering([300.0] * 50, wall, [100.0] * 50, wall, device="cpu")
+    assert timing_tampering([120.0] * 50, wall, [90.0] * 50, wall, device="cuda") is None
+    assert "candidate samples are 0.10x" in timing_tampering([120.0] * 50, wall, [10.0] * 50, wall, device="cuda")
+    assert timing_tampering([1.0], [], [1.0], [], device="cpu") is None  # too few readings: not judged
