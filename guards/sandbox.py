@@ -285,7 +285,7 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         response, problem = None, None
         payload, frame_problem = _read_frame(b"".join(chunks), nonce)
         if timed_out:
-            problem = f"child exceeded its {timeout_s:.0f} s wall-clock limit and was killed"
+            problem = f"child exceeded its {timeout_s:.0f} s limit (wall clock) and was killed"
         elif max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:  # Python ignores SIGXFSZ: writes fail with EFBIG
             problem = _death_problem(-signal.SIGXFSZ, out_bytes, err_bytes)
         elif overflow.is_set():
