@@ -59,7 +59,8 @@ class PerfResult(_Model):
         speedup: median of per-pair ratios baseline / candidate (ratio).
         speedup_ci: bootstrap confidence interval of that median over pairs (ratio, ratio).
         p_slower: one-sided p-value that the candidate is slower (Wilcoxon signed-rank on log ratios).
-        verdict: ``gain``, ``neutral``, ``regression``, ``no_gain``, ``not_claimed``, ``tampered``
+        verdict: ``gain``, ``neutral``, ``regression``, ``no_gain``, ``not_claimed``, ``below_floor``,
+            ``side_stream``, ``tampered``
             (timer samples disagree with the wall clock) or ``wrong_output`` (a timed call's outputs
             differ from the reference).
         timer: ``cpu_thread_time`` or ``cuda_event``.
