@@ -1,18 +1,32 @@
 """Entry point of the child process that runs candidate code (never imported by the workbench).
 
-Usage: python -I _child_main.py WORKTREE REQUEST.pt RESPONSE.pt
+Usage: python -I _child_main.py WORKTREE REQUEST.pt RESPONSE_FD NONCE_FD
 
 The request (written by the parent, loaded with ``weights_only=True``) lists cases; for each, the
 child calls the task's target through the K3 dispatcher and returns outputs, the inputs as they were
 after each call, the dispatch trace and any exception text. The parent compares everything: nothing
 this process says is trusted beyond being data.
+
+Before any candidate code is imported the child reads the parent's nonce from NONCE_FD and closes
+it, and binds the clock it uses for cross-checks; the response goes to RESPONSE_FD as one frame
+(magic, nonce, length, ``torch.save`` payload; see ``guards.sandbox``).
 """
 
 from __future__ import annotations
 
 import importlib
+import io
+import os
+import struct
 import sys
+import threading
+import time
 import traceback
+
+_clock_ns = time.perf_counter_ns  # bound before candidate code can patch ``time``
+_active_threads = threading.active_count
+RESPONSE_MAGIC = b"WBRESP1\0"
+NONCE_BYTES = 32
 
 
 def _poisoned(spec, device):
@@ -44,11 +58,16 @@ def _correctness_case(fn, fc, rt, req, case):
     def one(inputs, label):
         outs = {k: _poisoned(s, device) for k, s in case["outputs"].items()}
         rec = {"label": label, "error": None, "trace": []}
+        threads_before = _active_threads()
         try:
             trace = _call(fn, fc, rt, backend, case["phase"], inputs, outs, case["kwargs"])
             rec["trace"] = _decisions(trace)
         except Exception as exc:  # the candidate failed on this case: report it as data
             rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
+        else:
+            if _active_threads() > threads_before:  # work left running after the call returned
+                rec["error"] = (f"BackgroundWork: the call returned with {_active_threads() - threads_before} "
+                                "Python thread(s) still running (deferred work is not allowed)")
         if device == "cuda":
             torch.cuda.synchronize()
         rec["outputs"] = {k: v.detach().to("cpu").clone() for k, v in outs.items()}
@@ -66,36 +85,55 @@ def _correctness_case(fn, fc, rt, req, case):
 
 
 def _perf_case(fn, fc, rt, req, case):
+    """Time baseline and candidate interleaved on rotating inputs; see ``guards.perf``.
+
+    Call ``i`` of either side reads input set ``rotation[i % n]`` (different data in different
+    buffers, so a cache keyed by pointer, shape or content never hits) and writes its own output set,
+    so the candidate's outputs of every call survive for the parent to check. Each side's calls are
+    also timed with ``_clock_ns`` (bound before candidate code ran): the wall clock of the side's own
+    calls, against which the parent cross-checks the timer's samples.
+    """
     from kernels.timing import time_interleaved
 
     device = req["device"]
-    inputs = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
-    outs_a = {k: _poisoned(s, device) for k, s in case["outputs"].items()}
-    outs_b = {k: _poisoned(s, device) for k, s in case["outputs"].items()}
+    rotation = case.get("rotation") or [case["inputs_a"]]
+    sets = [{k: v.to(device).clone() for k, v in r.items()} for r in rotation]
+    n = len(sets)
+    outs = {side: [{k: _poisoned(s, device) for k, s in case["outputs"].items()} for _ in range(n)]
+            for side in ("baseline", "candidate")}
     kw = case["kwargs"]
     phase = case["phase"]
     traces = {}
-    for side, backend, outs in (("baseline", "standard", outs_a), ("candidate", req["decode_backend"], outs_b)):
-        traces[side] = _decisions(_call(fn, fc, rt, backend, phase, inputs, outs, kw))
+    for side, backend in (("baseline", "standard"), ("candidate", req["decode_backend"])):
+        traces[side] = _decisions(_call(fn, fc, rt, backend, phase, sets[0], outs[side][0], kw))
+    calls = {"baseline": 0, "candidate": 0}
+    wall_ns = {"baseline": [], "candidate": []}
 
-    def baseline():
-        with fc(decode_backend="standard", phase=phase):
-            fn(**inputs, **kw, **outs_a)
+    def make(side, backend):
+        side_outs, side_wall = outs[side], wall_ns[side]
 
-    def candidate():
-        with fc(decode_backend=req["decode_backend"], phase=phase):
-            fn(**inputs, **kw, **outs_b)
+        def run():
+            i = calls[side] % n
+            calls[side] += 1
+            t0 = _clock_ns()
+            with fc(decode_backend=backend, phase=phase):
+                fn(**sets[i], **kw, **side_outs[i])
+            side_wall.append(_clock_ns() - t0)
+        return run
 
     details: dict = {}
     a, b, wall = time_interleaved(
-        baseline, candidate, device=device, warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"],
-        details=details,
+        make("baseline", "standard"), make("candidate", req["decode_backend"]), device=device,
+        warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"], details=details,
     )
     if device == "cuda":  # the physical floor of this configuration (kernels/timing.py)
+        import torch
+
         from kernels.timing import device_limits, floor_us, min_bytes
 
+        torch.cuda.synchronize()
         lim = device_limits()
-        details["min_bytes"] = min_bytes([*inputs.values(), *outs_b.values()])
+        details["min_bytes"] = min_bytes([*sets[0].values(), *outs["candidate"][0].values()])
         details["floor_us"] = floor_us(details["min_bytes"], bandwidth_gbps=lim.copy_gbps, launch_us=lim.launch_us)
         details["device_limits"] = lim.to_dict()
     return {
@@ -106,21 +144,78 @@ def _perf_case(fn, fc, rt, req, case):
         "trace_baseline": traces["baseline"],
         "trace_candidate": traces["candidate"],
         **details,
+        "calls": dict(calls),
+        "rotation": n,
+        "baseline_wall_us": [x / 1e3 for x in wall_ns["baseline"]],
+        "candidate_wall_us": [x / 1e3 for x in wall_ns["candidate"]],
+        "candidate_outputs": [{k: v.detach().to("cpu").clone() for k, v in o.items()} for o in outs["candidate"]],
     }
 
 
+_WATCHED = ("time", "k3_model.dispatch", "kernels.timing")
+"""Modules whose functions candidate code must leave alone (plus the op's module, added at run time)."""
+
+
+def _snapshot(modules):
+    """``{module.attr: id(obj)}`` of every callable in ``modules`` (and torch.cuda.Event's timer)."""
+    snap = {}
+    for m in modules:
+        for k, v in list(vars(m).items()):
+            if callable(v):
+                snap[f"{m.__name__}.{k}"] = id(v)
+    import torch
+
+    snap["torch.cuda.Event.elapsed_time"] = id(torch.cuda.Event.elapsed_time)
+    snap["torch.cuda.synchronize"] = id(torch.cuda.synchronize)
+    return snap
+
+
+def _patched(before, modules):
+    """Names whose objects were replaced since ``before`` (monkeypatching by candidate code)."""
+    after = _snapshot(modules)
+    return sorted(k for k, v in before.items() if after.get(k) != v)
+
+
+def _read_nonce(fd: int) -> bytes:
+    data = b""
+    while len(data) < NONCE_BYTES:
+        chunk = os.read(fd, NONCE_BYTES - len(data))
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data
+
+
+def _send(fd: int, nonce: bytes, response) -> None:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(response, buf)
+    payload = buf.getvalue()
+    frame = RESPONSE_MAGIC + nonce + struct.pack("<Q", len(payload)) + payload
+    view = memoryview(frame)
+    while view:
+        view = view[os.write(fd, view):]
+    os.close(fd)
+
+
 def main() -> int:
-    worktree, req_path, resp_path = sys.argv[1:4]
-    sys.path.insert(0, worktree)
+    worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process
     import torch
 
     req = torch.load(req_path, weights_only=True)
+    os.unlink(req_path)  # the seeds' inputs stay in memory only
+    sys.path.insert(0, worktree)
     response = {"ok": False, "error": None, "scope": None, "cases": [], "perf": []}
     try:
         from k3_model.dispatch import declared_scope, forward_context, record_trace
 
         mod_name, fn_name = req["target"].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
+        watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
+        before = _snapshot(watched)  # the candidate's kernel is not imported yet
         scope = declared_scope(req["op"])
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
@@ -131,10 +226,13 @@ def main() -> int:
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))
+        patched = _patched(before, watched)
+        if patched:
+            raise RuntimeError(f"HarnessPatched: candidate code replaced {', '.join(patched[:5])}")
         response["ok"] = True
     except Exception as exc:
         response["error"] = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=8)[-3000:]
-    torch.save(response, resp_path)
+    _send(resp_fd, nonce, response)
     return 0
 
 

@@ -148,6 +148,30 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
     return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes))
 
 
+def perf_rotation(task: TaskSpec, w: WorkloadSpec, seed: int, n: int) -> list[dict[str, Any]]:
+    """``n`` independent input draws for one perf workload, one per timed or warm-up call.
+
+    Different data in different buffers on every call: a cache keyed by pointer, shape or content
+    never hits while timed, and the parent can check the outputs of any timed call.
+
+    Raises:
+        TaskSpecError: ``make_inputs`` fails for the workload.
+    """
+    inputs_mod = load_task_module(task, "inputs")
+    out = []
+    for j in range(n):
+        s = _derive_seed(seed, w.name, "perf", str(j))
+        try:
+            inp = inputs_mod.make_inputs(dict(w.axes), s, w.case)
+        except Exception as exc:
+            raise TaskSpecError(
+                f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        out.append({k: inp[k].contiguous() for k in task.inputs})
+    return out
+
+
 def correctness_cases(task: TaskSpec, seed: int) -> list[Case]:
     """The fixed workloads plus the run-time random draws, with inputs."""
     ws = list(task.correctness.workloads) + random_workloads(task, seed)

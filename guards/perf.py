@@ -12,15 +12,69 @@ Source: issue 2 guard 4; kernels/stats.py for the statistics.
 
 from __future__ import annotations
 
+import random
+
 from guards.activation import claims
 from guards.base import GuardContext
-from guards.cases import build_case
+from guards.cases import build_case, load_task_module, perf_rotation
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
 
 WALL_SLACK = 1.05
 """Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
+MIN_SAMPLE_WALL_RATIO_CUDA = 0.5
+"""CUDA: lowest median of (event sample / host wall clock of the same call) per side (ratio). The events
+bracket the call and a device-wide synchronize, so an honest sample is not much shorter than the call."""
+MIN_SIDE_RATIO_CPU = 0.7
+"""CPU: lowest ratio between the two sides' medians of (sample / wall clock of the same call). The CPU
+timer is the thread's CPU clock, which load from other processes can push below the wall clock, but
+equally for both interleaved sides; a timer that shrinks one side only breaks the balance."""
+MAX_SAMPLE_WALL_RATIO_CPU = 1.5
+"""CPU: a thread's CPU time cannot exceed the wall clock of the same call (ratio, with timer overhead)."""
+OUTPUT_CHECKS = 4
+"""Timed candidate calls (chosen at random after the run) whose outputs are checked against the reference."""
+
+
+def _median_ratio(samples_us, wall_us) -> float | None:
+    n = len(samples_us)
+    if n == 0 or len(wall_us) < n:
+        return None
+    ratios = sorted(s / w for s, w in zip(samples_us, wall_us[-n:]) if w > 0)
+    return ratios[len(ratios) // 2] if ratios else None
+
+
+def timing_tampering(base_us, base_wall_us, cand_us, cand_wall_us, *, device: str) -> str | None:
+    """Why the timer's samples cannot be trusted, or ``None``.
+
+    Args:
+        base_us, cand_us: the timer's per-call samples of each side (microseconds).
+        base_wall_us, cand_wall_us: the wall clock of that side's own calls (microseconds), measured in
+            the child with a clock bound before candidate code ran; the last ``len(samples)`` are the
+            timed calls.
+        device: ``cpu`` or ``cuda``.
+
+    Returns:
+        One sentence when the samples disagree with the wall clock of the calls they time, else ``None``
+        (also when the child returned too few wall-clock readings to compare).
+    """
+    rb, rc = _median_ratio(base_us, base_wall_us), _median_ratio(cand_us, cand_wall_us)
+    if rb is None or rc is None:
+        return None
+    if device == "cuda":
+        for side, r in (("baseline", rb), ("candidate", rc)):
+            if r < MIN_SAMPLE_WALL_RATIO_CUDA:
+                return (f"{side} samples are {r:.2f}x the wall clock of the same calls "
+                        f"(at least {MIN_SAMPLE_WALL_RATIO_CUDA} expected): timer tampering")
+        return None
+    for side, r in (("baseline", rb), ("candidate", rc)):
+        if r > MAX_SAMPLE_WALL_RATIO_CPU:
+            return f"{side} samples are {r:.2f}x the wall clock of the same calls: timer tampering"
+    lo, hi = min(rb, rc), max(rb, rc)
+    if hi > 0 and lo / hi < MIN_SIDE_RATIO_CPU:
+        return (f"sample/wall-clock ratio is {rc:.2f} for the candidate and {rb:.2f} for the baseline "
+                f"(they must agree within {MIN_SIDE_RATIO_CPU}): timer tampering")
+    return None
 
 TAIL_EXCESS_ABS_US = 10.0
 TAIL_EXCESS_REL = 0.10
@@ -120,8 +174,11 @@ class PerfGuard:
                                 "p_slower": 1.0, "verdict": "not_claimed",
                                 "timer": "none (both sides run the standard path)"})
         if timed:
+            n_calls = task.perf.warmup + task.perf.repetitions
+            rotations = {c.name: perf_rotation(task, c.workload, ctx.seed, n_calls) for c in timed}
             request = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
-                       "decode_backend": "latency_specialized", "cases": [c.request_entry() for c in timed],
+                       "decode_backend": "latency_specialized",
+                       "cases": [{**c.request_entry(), "rotation": rotations[c.name]} for c in timed],
                        "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions}}
             outcome = run_child(ctx.worktree, request, timeout_s=task.timeouts.perf_s,
                                 memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
@@ -133,6 +190,7 @@ class PerfGuard:
                                          Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:])))
             by_name = {p.get("name"): p for p in outcome.response.get("perf", []) if isinstance(p, dict)}
             timer = "cuda_event" if ctx.device == "cuda" else "cpu_thread_time"
+            total_samples_us = 0.0
             for i, c in enumerate(timed):
                 p = by_name.get(c.name)
                 if p is None:
@@ -148,12 +206,29 @@ class PerfGuard:
                 if (sum(base) + sum(cand)) > float(p["wall_s"]) * 1e6 * WALL_SLACK:
                     stats["verdict"] = "regression"
                     impl += " (timer samples exceed the wall clock: timer tampering)"
+                why = timing_tampering(base, [float(x) for x in p.get("baseline_wall_us", ())],
+                                       cand, [float(x) for x in p.get("candidate_wall_us", ())], device=ctx.device)
+                if why:
+                    stats["verdict"] = "tampered"
+                    impl += f" ({why})"
+                wrong = _timed_output_problem(task, c, rotations[c.name], p, ctx.seed)
+                if wrong:
+                    stats["verdict"] = "wrong_output"
+                    impl += f" ({wrong})"
+                total_samples_us += sum(base) + sum(cand)
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
                                 "baseline_us": tuple(base), "candidate_us": tuple(cand), "timer": timer, **stats})
+            if total_samples_us > outcome.duration_s * 1e6:  # the parent's own clock, out of the child's reach
+                for r in results:
+                    if r.get("timer") == timer:
+                        r["verdict"] = "tampered"
+                        r["implementation"] += (f" (samples sum to {total_samples_us / 1e6:.2f} s, longer than the "
+                                                f"child lived: {outcome.duration_s:.2f} s)")
         order = {n: i for i, n in enumerate(task.perf.workloads)}
         results.sort(key=lambda r: order[r["name"]])
         ctx.artifacts["perf"] = results
-        bad = [r for r in results if r["verdict"] in ("regression", "no_gain", "below_floor", "side_stream")]
+        bad = [r for r in results if r["verdict"] in ("regression", "no_gain", "below_floor", "side_stream",
+                                                        "tampered", "wrong_output")]
         table = tuple(
             Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
                      path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
@@ -164,7 +239,9 @@ class PerfGuard:
             what = {"regression": "slower than the standard path",
                     "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
                     "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
-                                   "longer tail than the baseline)"}.get(
+                                   "longer tail than the baseline)",
+                    "tampered": f"timed untrustworthily [{r['implementation']}]",
+                    "wrong_output": f"wrong while timed [{r['implementation']}]"}.get(
                 r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
@@ -178,3 +255,37 @@ class PerfGuard:
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | None:
+    """Check the candidate's outputs of a few timed calls (picked after the run) against the reference.
+
+    A kernel that counts calls and changes behaviour once it is being timed (skips work, replays a
+    cache, defers writes) passes the three correctness calls but fails here.
+
+    Returns:
+        One sentence naming the first wrong call, or ``None``.
+    """
+    from guards.correctness import generic_check
+
+    outs = p.get("candidate_outputs") or []
+    calls = int((p.get("calls") or {}).get("candidate", 0))
+    n = len(rotation)
+    if len(outs) != n or calls != n:
+        return f"the timing child returned {len(outs)} output sets for {calls} calls; expected {n} of each"
+    ref = load_task_module(task, "reference")
+    rng = random.Random(seed ^ 0x5EED)
+    timed = range(task.perf.warmup, n)
+    picks = sorted(set(rng.sample(list(timed), min(OUTPUT_CHECKS, len(timed)))) | {n - 1})
+    for i in picks:
+        inputs = rotation[i]
+        want = ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+        got = outs[i]
+        if hasattr(ref, "check"):
+            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                              task.correctness.tolerance)
+        else:
+            lines = generic_check(task, got, want)
+        if lines:
+            return f"outputs of timed call {i - task.perf.warmup} differ from the reference: {lines[0][:160]}"
+    return None

@@ -1,21 +1,46 @@
-"""Run candidate code in a child process: scrubbed environment, time and memory limits.
+"""Run candidate code in a contained child process.
 
 The child (``guards/_child_main.py``) imports ``k3_model`` from the candidate's worktree; the
-workbench process never does. Requests and responses travel as ``torch.save`` files read back with
-``weights_only=True`` (tensors, numbers, strings, lists and dicts only).
+workbench process never does. Containment, in the order a child meets it:
+
+- **environment**: an allowlist of harmless variables (no keys, tokens, ``PYTHON*``); a private,
+  empty HOME/TMPDIR;
+- **identity** (when the workbench runs as root and ``setpriv`` exists): the child runs as a fresh
+  unprivileged uid/gid chosen per run, with only ``CAP_DAC_READ_SEARCH`` (read anything, write
+  nothing it does not own) and ``no_new_privs``. The worktree, the repository's ``.git`` and
+  ``.workbench/results`` are root-owned, so the child cannot write them. Every process of that uid is
+  killed when the run ends, so a child that escapes its process group (``setsid``) dies too;
+- **limits**: wall clock (the process group, then the uid, killed), address space (CPU runs),
+  processes (``RLIMIT_NPROC``: per uid, so a fork bomb stops at :data:`MAX_PROCESSES`), file size
+  (``RLIMIT_FSIZE`` = :data:`OUTPUT_CAP_BYTES`: flooding stdout hits the cap, and the run is a FAIL), no
+  core dumps;
+- **an authenticated response channel**: the response travels through a pipe inherited by fd, framed
+  with a random nonce the parent sends through a second pipe that the child reads and closes before
+  any candidate code is imported. Printing a fake result does nothing (stdout is only evidence), a
+  response file does not exist, and bytes written to the pipe by candidate code break the frame and
+  end as FAIL, never as a forged PASS.
+
+Requests travel as a ``torch.save`` file; the response is read back with ``weights_only=True``
+(tensors, numbers, strings, lists and dicts only).
 
 This is defence against reward hacking, not a sandbox against a determined attacker with code
-execution on the host (DESIGN.md "Trust model").
+execution on the host (DESIGN.md "Trust model"): the child can still read files, use the network and
+inspect its own memory (where the nonce lives).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import secrets
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +50,17 @@ CHILD_MAIN = Path(__file__).with_name("_child_main.py")
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES",
               "CUDA_HOME", "TRITON_CACHE_DIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _TAIL_BYTES = 4000
+
+OUTPUT_CAP_BYTES = 16 * 2**20
+"""Largest file the child may write, stdout and stderr included (bytes); reaching it fails the run."""
+MAX_PROCESSES = 128
+"""Processes and threads the child's uid may hold at once (RLIMIT_NPROC; threads count)."""
+MAX_RESPONSE_BYTES = 1 << 30
+"""Largest response the parent reads (bytes); a bigger one is a FAIL."""
+RESPONSE_MAGIC = b"WBRESP1\0"
+"""First bytes of a response frame: magic (8 bytes), nonce (32 bytes), payload length (8 bytes, LE)."""
+NONCE_BYTES = 32
+_UID_RANGE = (200_000, 900_000)
 
 
 def scrubbed_env(home: Path) -> dict[str, str]:
@@ -38,17 +74,24 @@ def scrubbed_env(home: Path) -> dict[str, str]:
     return env
 
 
+def drop_privileges_available() -> bool:
+    """Whether children run as a fresh unprivileged uid (the workbench is root and ``setpriv`` exists)."""
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class ChildOutcome:
     """What came back from one child run.
 
     Attributes:
-        response: the decoded response, or ``None`` when the child died or wrote nothing readable.
+        response: the decoded response, or ``None`` when the child died or wrote nothing valid.
         returncode: exit status (negative: killed by that signal).
-        timed_out: the wall-clock limit was hit and the process group killed.
+        timed_out: the wall-clock limit was hit and the child's processes killed.
         duration_s: wall time (seconds).
         stdout_tail, stderr_tail: last bytes of the child's output (for evidence).
-        problem: one sentence when ``response`` is ``None``.
+        problem: one sentence when ``response`` is ``None`` (crashed, timed out, out of memory, output
+            cap, forged or broken response).
+        uid: the uid the child ran as (``None``: the workbench's own).
     """
 
     response: dict[str, Any] | None
@@ -58,6 +101,7 @@ class ChildOutcome:
     stdout_tail: str
     stderr_tail: str
     problem: str | None
+    uid: int | None = None
 
 
 def _tail(path: Path) -> str:
@@ -71,77 +115,191 @@ def _tail(path: Path) -> str:
         return ""
 
 
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _death_problem(returncode: int, out_bytes: int, err_bytes: int) -> str:
+    """One sentence for a child that exited without a valid response."""
+    if returncode == -signal.SIGXFSZ or max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:
+        return (f"child exceeded the {OUTPUT_CAP_BYTES // 2**20} MiB output/file-size cap "
+                f"(stdout {out_bytes} bytes, stderr {err_bytes} bytes) and was killed")
+    if returncode == -signal.SIGKILL:
+        return "child was killed (SIGKILL: out of memory or killed from outside)"
+    if returncode < 0:
+        return f"child crashed ({_signal_name(returncode)})"
+    if returncode != 0:
+        return f"child exited with status {returncode} before answering (os._exit, sys.exit or a fatal error)"
+    return "child exited without writing its response"
+
+
+def _user_tasks(uid: int) -> int:
+    """Threads and processes of ``uid`` now (what RLIMIT_NPROC counts)."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                n += int(fields.get("Threads", "1"))
+        except (OSError, KeyError, ValueError):
+            continue
+    return n
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (``kill -9 -1`` run as that uid; it never reaches others)."""
+    kill = shutil.which("kill") or "/bin/kill"
+    for _ in range(3):  # a fork loop may spawn while the first sweep runs
+        subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", kill, "-9", "-1"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def _read_frame(raw: bytes, nonce: bytes) -> tuple[bytes | None, str | None]:
+    """Payload of one response frame, or ``(None, why)`` when it is missing, forged or malformed."""
+    head = len(RESPONSE_MAGIC) + NONCE_BYTES + 8
+    if not raw:
+        return None, None
+    if len(raw) < head or not raw.startswith(RESPONSE_MAGIC):
+        return None, "response channel carried bytes that are not a response frame (forged or corrupted)"
+    if not secrets.compare_digest(raw[len(RESPONSE_MAGIC):len(RESPONSE_MAGIC) + NONCE_BYTES], nonce):
+        return None, "response frame carries the wrong nonce (forged response)"
+    (n,) = struct.unpack("<Q", raw[head - 8:head])
+    if len(raw) != head + n:
+        return None, (f"response channel carried {len(raw) - head} payload bytes, frame says {n} "
+                      "(extra writes to the channel: forged or corrupted)")
+    return raw[head:], None
+
+
 def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str) -> ChildOutcome:
-    """Run one request in a fresh child process rooted at ``worktree``.
+    """Run one request in a fresh, contained child process rooted at ``worktree``.
 
     Args:
         worktree: the candidate's checkout (its ``k3_model`` is imported there).
         request: the request dict (see ``_child_main``).
-        timeout_s: wall-clock limit (seconds); the whole process group is killed after it.
+        timeout_s: wall-clock limit (seconds); every process of the child is killed after it.
         memory_bytes: address-space cap (bytes), applied on CPU runs only (CUDA maps large ranges).
         device: ``cpu`` or ``cuda``.
+
+    Returns:
+        The outcome; a crash, hang, flood or forged response is data here (``problem``), never raised.
 
     Raises:
         OSError: the child could not be started at all (an infrastructure error, not a FAIL).
     """
     import torch
 
+    drop = drop_privileges_available()
+    uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0] if drop else None
     with tempfile.TemporaryDirectory(prefix="wb-child-") as tmp:
         tmpd = Path(tmp)
         home = tmpd / "home"
         home.mkdir()
-        req_path, resp_path = tmpd / "request.pt", tmpd / "response.pt"
+        req_path = home / "request.pt"
         torch.save(request, req_path)
         out_path, err_path = tmpd / "stdout.txt", tmpd / "stderr.txt"
+        env = scrubbed_env(home)
+        if uid is not None:
+            os.chown(home, uid, uid)
+            os.chown(req_path, uid, uid)
+            os.chmod(tmpd, 0o711)  # the child reaches its home, cannot list or write the parent's files
+            env["TRITON_CACHE_DIR"] = str(home / ".triton")  # a root-owned cache is not writable there
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        resp_r, resp_w = os.pipe()
+        nonce_r, nonce_w = os.pipe()
+        # a fresh uid starts from zero; a shared uid's count includes the user's other processes
+        nproc = MAX_PROCESSES if uid is not None else _user_tasks(os.getuid()) + MAX_PROCESSES
 
         def limits() -> None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (2**30, 2**30))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_CAP_BYTES, OUTPUT_CAP_BYTES))
+            if uid is not None or os.geteuid() != 0:  # root ignores RLIMIT_NPROC; setpriv drops root first
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if device == "cpu":
                 resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
+        argv = [sys.executable, "-I", str(CHILD_MAIN), str(worktree), str(req_path), str(resp_w), str(nonce_r)]
+        if uid is not None:
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                    "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
+                    "--bounding-set=-all,+dac_read_search", "--no-new-privs", "--", *argv]
+        chunks: list[bytes] = []
+        overflow = threading.Event()
+
+        def drain() -> None:
+            total = 0
+            while True:
+                try:
+                    b = os.read(resp_r, 1 << 20)
+                except OSError:
+                    return
+                if not b:
+                    return
+                total += len(b)
+                if total > MAX_RESPONSE_BYTES:
+                    overflow.set()
+                    return
+                chunks.append(b)
+
         t0 = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", str(CHILD_MAIN), str(worktree), str(req_path), str(resp_path)],
-                cwd=str(home),
-                env=scrubbed_env(home),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                preexec_fn=limits,
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=str(home), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    preexec_fn=limits, start_new_session=True, pass_fds=(resp_w, nonce_r),
+                )
+            finally:
+                os.close(resp_w)
+                os.close(nonce_r)
+            reader = threading.Thread(target=drain, name="wb-child-response", daemon=True)
+            reader.start()
+            try:
+                os.write(nonce_w, nonce)
+            except OSError:
+                pass  # the child died before reading it; its exit status says why
+            finally:
+                os.close(nonce_w)
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-            else:
-                try:  # leftovers (background threads' processes) die with the group
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            try:  # leftovers (background processes) die with the group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if uid is not None:
+                _kill_uid(uid)  # and with the uid, wherever they moved (setsid, double fork)
+            proc.wait()
+            reader.join(timeout=10)
+            os.close(resp_r)
         duration = time.monotonic() - t0
+        out_bytes, err_bytes = out_path.stat().st_size, err_path.stat().st_size
         response, problem = None, None
+        payload, frame_problem = _read_frame(b"".join(chunks), nonce)
         if timed_out:
-            problem = f"child exceeded its {timeout_s:.0f} s limit and was killed"
-        elif proc.returncode != 0:
-            problem = f"child exited with status {proc.returncode}"
-        elif not resp_path.is_file():
-            problem = "child exited without writing its response"
+            problem = f"child exceeded its {timeout_s:.0f} s limit (wall clock) and was killed"
+        elif max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:  # Python ignores SIGXFSZ: writes fail with EFBIG
+            problem = _death_problem(-signal.SIGXFSZ, out_bytes, err_bytes)
+        elif overflow.is_set():
+            problem = f"child response exceeded {MAX_RESPONSE_BYTES} bytes"
+        elif frame_problem:
+            problem = frame_problem
+        elif proc.returncode != 0 or payload is None:
+            problem = _death_problem(proc.returncode, out_bytes, err_bytes)
         else:
             try:
-                response = torch.load(resp_path, weights_only=True)
+                response = torch.load(io.BytesIO(payload), weights_only=True)
                 if not isinstance(response, dict):
                     response, problem = None, "child response is not a dict"
             except Exception as exc:  # untrusted bytes: any decoding failure is the candidate's
                 problem = f"child response unreadable ({type(exc).__name__}: {exc})"
-        return ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path), _tail(err_path), problem)
+        return ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path), _tail(err_path),
+                            problem, uid)

@@ -26,11 +26,12 @@ logger = logging.getLogger("workbench.pipeline")
 def default_guards() -> list[Guard]:
     """The pipeline's guards, cheapest first."""
     from guards.activation import ActivationGuard
+    from guards.audit import AuditGuard
     from guards.correctness import CorrectnessGuard
     from guards.isolation import IsolationGuard
     from guards.perf import PerfGuard
 
-    return [IsolationGuard(), CorrectnessGuard(), ActivationGuard(), PerfGuard()]
+    return [IsolationGuard(), AuditGuard(), CorrectnessGuard(), ActivationGuard(), PerfGuard()]
 
 
 def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:

@@ -59,7 +59,10 @@ class PerfResult(_Model):
         speedup: median of per-pair ratios baseline / candidate (ratio).
         speedup_ci: bootstrap confidence interval of that median over pairs (ratio, ratio).
         p_slower: one-sided p-value that the candidate is slower (Wilcoxon signed-rank on log ratios).
-        verdict: ``gain``, ``neutral``, ``regression`` or ``no_gain``.
+        verdict: ``gain``, ``neutral``, ``regression``, ``no_gain``, ``not_claimed``, ``below_floor``,
+            ``side_stream``, ``tampered``
+            (timer samples disagree with the wall clock) or ``wrong_output`` (a timed call's outputs
+            differ from the reference).
         timer: ``cpu_thread_time`` or ``cuda_event``.
         floor_us: CUDA only; physical floor max(min bytes / measured copy bandwidth, one launch)
             (microseconds); ``below_floor`` when the candidate's median is under 0.9x it.
@@ -78,7 +81,8 @@ class PerfResult(_Model):
     speedup: float
     speedup_ci: tuple[float, float]
     p_slower: float
-    verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed", "below_floor", "side_stream"]
+    verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed", "below_floor", "side_stream",
+                     "tampered", "wrong_output"]
     timer: str
     floor_us: float | None = None
     tail_excess_us: float | None = None

@@ -1,0 +1,523 @@
+"""Static audit guard: the candidate's source shows no known way to game the guards.
+
+Reads every file the candidate adds or changes (the diff base..candidate, from git; candidate code is
+never imported here): Python through its AST, CUDA/C++ sources (and string constants in Python, where
+``load_inline`` sources live) as text. FAIL names ``file:line`` and the rule for each finding:
+
+- ``forbidden-import``: threads, processes, FFI, sockets, signals, timers, introspection, file and
+  harness modules (threading, multiprocessing, subprocess, ctypes, socket, time, inspect, gc,
+  importlib, pytest, guards, workbench, tasks, ...);
+- ``process-control`` / ``environment`` / ``file-access``: ``os.system``, ``os.fork``, ``os._exit``,
+  ``os.kill``, ``os.environ``, ``os.getenv``, ``open()``, pathlib reads and writes, ...;
+- ``timer``: ``perf_counter``, ``monotonic``, ``torch.cuda.Event``, ``elapsed_time``;
+- ``side-stream``: creating or switching CUDA streams (work the timer's stream does not wait for);
+- ``harness-reference``: names or strings pointing at the task's reference, the guards, the
+  workbench, the standard path (``*_standard``) or the dispatcher's internals (anything from
+  ``k3_model.dispatch`` but ``OpScope``), or the op's public entry (which dispatches back);
+- ``monkeypatch``: assigning or deleting attributes of imported modules or their members, ``setattr``
+  on them, ``sys.modules``, ``builtins``, ``exec``/``eval``/``__import__``, frame introspection;
+- ``global-state``: a module-level container mutated inside a function with a key or value derived
+  from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
+  name), ``global`` counters and other per-call state (``+=`` on module-level names), and
+  ``functools.cache``/``lru_cache`` on functions that take the op's tensors;
+- ``lazy-tensor``: tensor subclasses and ``__torch_function__``/``__torch_dispatch__`` hooks.
+
+Compile caches keyed by dtype or block size (what CuTe DSL and Triton kernels keep) do not match
+these rules, and neither does plain tensor code: the good fixtures must pass.
+
+Source: issue 7 ("Static audit guard"); DESIGN.md "Trust model".
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+
+import git
+
+from guards.base import GuardContext
+from guards.verdict import Evidence, Status, Verdict
+
+MAX_FINDINGS = 50
+"""Findings kept as evidence (count)."""
+
+PY_SUFFIXES = (".py", ".pyi")
+NATIVE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh")
+
+FORBIDDEN_MODULES = {
+    "threading": "threads", "_thread": "threads", "multiprocessing": "processes", "concurrent": "threads/processes",
+    "subprocess": "processes", "pty": "processes", "ctypes": "FFI", "cffi": "FFI", "_ctypes": "FFI",
+    "socket": "network", "ssl": "network", "http": "network", "urllib": "network", "requests": "network",
+    "asyncio": "event loop", "signal": "signals", "faulthandler": "signals", "resource": "process limits",
+    "fcntl": "file control", "mmap": "shared memory", "select": "fds", "selectors": "fds",
+    "time": "timer", "timeit": "timer", "sched": "timer",
+    "inspect": "introspection", "gc": "introspection", "tracemalloc": "introspection", "trace": "introspection",
+    "importlib": "import machinery", "builtins": "builtins", "__builtin__": "builtins", "site": "import machinery",
+    "sitecustomize": "import machinery", "usercustomize": "import machinery", "atexit": "exit hooks",
+    "weakref": "caches", "shutil": "file access", "tempfile": "file access", "glob": "file access",
+    "pickle": "file access", "marshal": "code objects", "shelve": "file access", "sqlite3": "file access",
+    "pytest": "test harness", "_pytest": "test harness", "unittest": "test harness", "conftest": "test harness",
+    "guards": "the guards", "workbench": "the workbench", "tasks": "the task reference", "tests": "the tests",
+    "kernels.timing": "the timer", "kernels.stats": "the statistics", "git": "the repository", "psutil": "processes",
+}
+OS_CALLS = {
+    **{n: "process-control" for n in (
+        "system", "popen", "fork", "forkpty", "_exit", "abort", "kill", "killpg", "setsid", "setpgid", "setpgrp",
+        "setuid", "setgid", "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+        "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn",
+        "posix_spawnp", "register_at_fork", "nice", "sched_setaffinity", "pipe", "dup", "dup2", "wait", "waitpid")},
+    **{n: "environment" for n in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")},
+    **{n: "file-access" for n in (
+        "open", "write", "read", "remove", "unlink", "rename", "renames", "replace", "symlink", "link", "mkdir",
+        "makedirs", "rmdir", "removedirs", "chmod", "chown", "chdir", "truncate", "utime", "mkfifo", "listdir",
+        "scandir", "walk", "fdopen")},
+}
+SYS_ATTRS = {"modules", "_getframe", "settrace", "setprofile", "setrecursionlimit", "exit", "meta_path",
+             "path_hooks", "path", "addaudithook", "_current_frames", "setswitchinterval", "stdout", "stderr",
+             "__stdout__", "__stderr__", "excepthook", "breakpointhook"}
+TIMER_ATTRS = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "process_time_ns",
+               "thread_time", "thread_time_ns", "elapsed_time", "Event"}
+STREAM_ATTRS = {"Stream", "stream", "set_stream", "ExternalStream", "StreamContext"}
+FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "touch", "symlink_to", "hardlink_to",
+                "mkdir", "unlink", "rmdir"}
+DANGEROUS_BUILTINS = {"open": "file-access", "exec": "monkeypatch", "eval": "monkeypatch", "compile": "monkeypatch",
+                      "__import__": "monkeypatch", "globals": "monkeypatch", "vars": "monkeypatch",
+                      "setattr": "monkeypatch", "delattr": "monkeypatch", "breakpoint": "process-control",
+                      "input": "process-control"}
+DUNDER_HOOKS = {"__torch_function__": "lazy-tensor", "__torch_dispatch__": "lazy-tensor",
+                "_make_subclass": "lazy-tensor", "_make_wrapper_subclass": "lazy-tensor", "as_subclass": "lazy-tensor",
+                "__globals__": "monkeypatch", "__code__": "monkeypatch", "__builtins__": "monkeypatch",
+                "__dict__": "monkeypatch", "f_back": "monkeypatch", "f_locals": "monkeypatch",
+                "f_globals": "monkeypatch", "tb_frame": "monkeypatch", "__subclasses__": "monkeypatch"}
+CACHE_DECORATORS = {"cache", "lru_cache", "cached_property"}
+KEY_MARKERS = {"data_ptr", "id", "hash", "tobytes", "storage", "untyped_storage", "tolist", "item", "numpy",
+               "_version", "__hash__", "sum", "mean"}
+"""Names that make a cache key depend on the call's tensors (identity or content)."""
+VALUE_MARKERS = {"clone", "detach", "cpu", "copy", "deepcopy", "to"}
+"""Names that make a stored value a copy of tensors (an output cache)."""
+SAFE_TENSOR_ATTRS = {"dtype", "device", "is_cuda", "ndim", "layout", "is_contiguous"}
+"""Tensor attributes a compile cache may key on."""
+MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "__setitem__", "appendleft", "put"}
+CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary",
+                   "WeakKeyDictionary", "ChainMap"}
+SUSPICIOUS_STRINGS = (
+    (re.compile(r"(^|/)tasks/|reference\.py|_wb_task_|(^|[/.])guards[/.]|(^|/)workbench/|\.workbench|"
+                r"(^|/)\.git(/|$)|conftest|sitecustomize|\.pth$|/proc/|(^|/)\.\./"), "harness-reference"),
+)
+NATIVE_RULES = (
+    (re.compile(r"\b(system|popen|fork|vfork|execv\w*|execl\w*|posix_spawn\w*|kill|_exit|abort)\s*\("), "process-control"),
+    (re.compile(r"\b(fopen|freopen|open|creat|unlink|remove|rename|symlink|mkdir)\s*\("), "file-access"),
+    (re.compile(r"\b(getenv|setenv|putenv|environ)\b"), "environment"),
+    (re.compile(r"\bdlopen\b|\bdlsym\b"), "forbidden-import"),
+    (re.compile(r"std::thread|\bpthread_create\b|std::async"), "forbidden-import"),
+    (re.compile(r"\bcudaStreamCreate\w*|\bcudaStreamBeginCapture\b|\bcuStreamCreate\w*"), "side-stream"),
+    (re.compile(r"\bcudaEvent(Record|ElapsedTime|Create)\w*|\bclock_gettime\b|\bgettimeofday\b|std::chrono"), "timer"),
+    (re.compile(r"\bsocket\s*\(|\bconnect\s*\("), "forbidden-import"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One static finding: ``path:line`` broke ``rule`` because of ``why``."""
+
+    path: str
+    line: int
+    rule: str
+    why: str
+
+    def evidence(self) -> Evidence:
+        return Evidence(name=self.rule, value=self.why, path=f"{self.path}:{self.line}")
+
+
+def _module_hit(name: str) -> str | None:
+    """The forbidden module ``name`` falls under, or ``None``."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in FORBIDDEN_MODULES:
+            return prefix
+    return None
+
+
+def _root_name(node: ast.AST) -> str | None:
+    """``a`` for ``a.b.c``, ``a[0].b`` or ``a``; ``None`` for other expressions."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dotted(node: ast.AST) -> str:
+    """``torch.cuda.Event`` for an attribute chain (``?`` for parts that are not names)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    parts.append(node.id if isinstance(node, ast.Name) else "?")
+    return ".".join(reversed(parts))
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """Every identifier and attribute name used inside ``node``."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+class _PyAudit(ast.NodeVisitor):
+    """Collects findings for one Python file."""
+
+    def __init__(self, path: str, *, tensor_names: set[str], target_module: str, target_fn: str) -> None:
+        self.path = path
+        self.tensor_names = tensor_names
+        self.target_module = target_module
+        self.target_fn = target_fn
+        self.findings: list[Finding] = []
+        self.imported: dict[str, str] = {}  # local name -> module or module.member it is bound to
+        self.module_containers: set[str] = set()
+        self.module_names: set[str] = set()
+        self.func_depth = 0
+        self.locals_stack: list[set[str]] = []
+        self.aliases: dict[str, ast.AST] = {}  # function-local name -> the value it was assigned
+
+    def add(self, node: ast.AST, rule: str, why: str) -> None:
+        self.findings.append(Finding(self.path, getattr(node, "lineno", 0), rule, why))
+
+    # --- module-level facts -------------------------------------------------------------------
+    def prescan(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self.imported[(a.asname or a.name).split(".")[0] if not a.asname else a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    self.imported[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in tree.body:
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    self.module_names.add(t.id)
+                    if self._is_container(value):
+                        self.module_containers.add(t.id)
+
+    @staticmethod
+    def _is_container(value: ast.AST) -> bool:
+        if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+            return True
+        if isinstance(value, ast.Call):
+            f = value.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            return name in CONTAINER_CALLS
+        return False
+
+    def _bare_names(self, node: ast.AST, depth: int = 0) -> set[str]:
+        """Names used in ``node`` (following local aliases), without tensors seen only through safe
+        attributes such as ``x.dtype``."""
+        out: set[str] = set()
+        safe_roots = {id(n.value) for n in ast.walk(node)
+                      if isinstance(n, ast.Attribute) and n.attr in SAFE_TENSOR_ATTRS}
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and id(n) not in safe_roots:
+                out.add(n.id)
+                if n.id in self.aliases and depth < 3:
+                    out |= self._bare_names(self.aliases[n.id], depth + 1)
+            elif isinstance(n, ast.Attribute):
+                out.add(n.attr)
+        return out
+
+    def _tensorish(self, node: ast.AST, markers: set[str]) -> str | None:
+        """Why a key or value expression is derived from the call's tensors, or ``None``."""
+        hit = sorted(self._bare_names(node) & (markers | self.tensor_names))
+        return ", ".join(hit[:3]) if hit else None
+
+    def _is_local(self, name: str) -> bool:
+        return bool(self.locals_stack) and name in self.locals_stack[-1]
+
+    # --- imports --------------------------------------------------------------------------------
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            hit = _module_hit(a.name)
+            if hit:
+                self.add(node, "forbidden-import", f"import {a.name} ({FORBIDDEN_MODULES[hit]})")
+            elif a.name == self.target_module:
+                self.add(node, "harness-reference", f"import {a.name}: the op's module (its entry dispatches to the standard path)")
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        mod = node.module or ""
+        if node.level:
+            if any(a.name.endswith("_standard") for a in node.names):
+                self.add(node, "harness-reference", "imports a standard-path function")
+            return
+        hit = _module_hit(mod)
+        if hit:
+            self.add(node, "forbidden-import", f"from {mod} import ... ({FORBIDDEN_MODULES[hit]})")
+        for a in node.names:
+            full = f"{mod}.{a.name}"
+            sub = _module_hit(full)
+            if sub and not hit:
+                self.add(node, "forbidden-import", f"from {mod} import {a.name} ({FORBIDDEN_MODULES[sub]})")
+            if mod == "os" and a.name in OS_CALLS:
+                self.add(node, OS_CALLS[a.name], f"from os import {a.name}")
+            if mod == "sys" and a.name in SYS_ATTRS:
+                self.add(node, "monkeypatch", f"from sys import {a.name}")
+            if a.name in TIMER_ATTRS and mod.startswith(("time", "torch")):
+                self.add(node, "timer", f"from {mod} import {a.name}")
+            if mod == "k3_model.dispatch" and a.name not in ("OpScope", "DispatchError"):
+                self.add(node, "harness-reference", f"from k3_model.dispatch import {a.name}: dispatcher internals "
+                                                    "(a kernel imports only OpScope)")
+            if a.name.endswith("_standard") or (mod == self.target_module and a.name == self.target_fn):
+                self.add(node, "harness-reference", f"from {mod} import {a.name}: calls the standard path under another name")
+            if mod == "functools" and a.name in CACHE_DECORATORS:
+                pass  # judged where it decorates
+            if a.name == "*":
+                self.add(node, "harness-reference", f"from {mod} import *: hides what is used")
+
+    # --- functions, classes ---------------------------------------------------------------------
+    def _visit_function(self, node) -> None:
+        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+        if node.args.vararg:
+            params.add(node.args.vararg.arg)
+        if node.args.kwarg:
+            params.add(node.args.kwarg.arg)
+        for dec in node.decorator_list:
+            d = dec.func if isinstance(dec, ast.Call) else dec
+            name = d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else ""
+            if name in CACHE_DECORATORS and (node.name == self.target_fn or params & self.tensor_names):
+                self.add(dec, "global-state", f"@{name} on {node.name}() caches results across calls of the op")
+        local = set(params)
+        globals_declared = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Global):
+                globals_declared |= set(n.names)
+            elif isinstance(n, (ast.Name,)) and isinstance(n.ctx, ast.Store):
+                local.add(n.id)
+        local -= globals_declared
+        self.locals_stack.append(local)
+        saved_aliases = self.aliases
+        self.aliases = dict(saved_aliases)
+        self.func_depth += 1
+        self.generic_visit(node)
+        self.func_depth -= 1
+        self.aliases = saved_aliases
+        self.locals_stack.pop()
+
+    visit_FunctionDef = _visit_function
+    visit_AsyncFunctionDef = _visit_function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for b in node.bases:
+            dotted = _dotted(b)
+            if dotted.endswith("Tensor") or dotted.endswith("TorchFunctionMode") or dotted.endswith("TorchDispatchMode"):
+                self.add(node, "lazy-tensor", f"class {node.name}({dotted}): tensor subclasses and modes can compute on read")
+        self.generic_visit(node)
+
+    def visit_Global(self, node: ast.Global) -> None:
+        for name in node.names:
+            self.add(node, "global-state", f"global {name}: state kept across calls of the op")
+
+    # --- statements -----------------------------------------------------------------------------
+    def _check_store_target(self, target: ast.AST, value: ast.AST | None, node: ast.AST, aug: bool) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                self._check_store_target(t, None, node, aug)
+            return
+        if isinstance(target, ast.Attribute):
+            root = _root_name(target)
+            if root in self.imported or root in ("sys", "builtins", "__builtins__"):
+                self.add(node, "monkeypatch", f"assigns {_dotted(target)}: patches an imported module or class")
+            elif root in self.module_names and self.func_depth and not self._is_local(root):
+                self.add(node, "global-state", f"assigns {_dotted(target)} inside a function: state kept across calls")
+            elif root == self.target_fn or (root and root in self.module_names and aug):
+                self.add(node, "global-state", f"updates {_dotted(target)}: state kept across calls")
+        elif isinstance(target, ast.Subscript):
+            root = _root_name(target)
+            if root in ("sys", "builtins", "__builtins__") or (root and self.imported.get(root, "").startswith("sys")):
+                self.add(node, "monkeypatch", f"assigns into {root}: patches interpreter state")
+            elif root in self.module_containers and self.func_depth and not self._is_local(root):
+                why = self._tensorish(target.slice, KEY_MARKERS) or (
+                    self._tensorish(value, VALUE_MARKERS) if value is not None else None)
+                if aug:
+                    self.add(node, "global-state", f"updates {root}[...] inside a function: per-call counter or cache")
+                elif why:
+                    self.add(node, "global-state", f"stores into module-level {root}[...] keyed or filled from the "
+                                                   f"call's tensors ({why}): an output cache")
+        elif isinstance(target, ast.Name) and aug and self.func_depth and not self._is_local(target.id) \
+                and target.id in self.module_names:
+            self.add(node, "global-state", f"updates module-level {target.id}: per-call counter")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for t in node.targets:
+            self._check_store_target(t, node.value, node, aug=False)
+            if isinstance(t, ast.Name) and self.func_depth:
+                self.aliases[t.id] = node.value
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self._check_store_target(node.target, node.value, node, aug=False)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_store_target(node.target, node.value, node, aug=True)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for t in node.targets:
+            if isinstance(t, ast.Attribute) and _root_name(t) in self.imported:
+                self.add(node, "monkeypatch", f"deletes {_dotted(t)} from an imported module")
+        self.generic_visit(node)
+
+    # --- expressions ----------------------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in DANGEROUS_BUILTINS and not self._is_local(f.id) \
+                and f.id not in self.imported and f.id not in self.module_names:
+            self.add(node, DANGEROUS_BUILTINS[f.id], f"calls {f.id}()")
+        if isinstance(f, ast.Attribute):
+            root = _root_name(f)
+            if f.attr in MUTATORS and root in self.module_containers and self.func_depth and not self._is_local(root):
+                why = next(filter(None, (self._tensorish(a, KEY_MARKERS | VALUE_MARKERS)
+                                         for a in [*node.args, *(k.value for k in node.keywords)])), None)
+                if why:
+                    self.add(node, "global-state", f"{root}.{f.attr}(...) with values from the call's tensors ({why}): "
+                                                   "an output cache")
+            if f.attr in FILE_METHODS and root not in self.tensor_names:
+                self.add(node, "file-access", f"calls .{f.attr}()")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        root = _root_name(node)
+        bound = self.imported.get(root or "", root or "")
+        dotted = _dotted(node)
+        if root and dotted.startswith(root + ".") and root in self.imported:
+            dotted = bound + dotted[len(root):]  # resolve import aliases: dispatch.select -> k3_model.dispatch.select
+        base = bound.split(".")[0] if bound else ""
+        if base == "os" and node.attr in OS_CALLS and isinstance(node.value, ast.Name):
+            self.add(node, OS_CALLS[node.attr], f"uses {dotted}")
+        elif base == "sys" and node.attr in SYS_ATTRS and isinstance(node.value, ast.Name):
+            self.add(node, "monkeypatch", f"uses {dotted}")
+        elif node.attr in TIMER_ATTRS and (node.attr != "Event" or base == "torch"):
+            self.add(node, "timer", f"uses {dotted}")
+        elif node.attr in STREAM_ATTRS and base == "torch":
+            self.add(node, "side-stream", f"uses {dotted}: work on another stream escapes the timer")
+        elif node.attr in DUNDER_HOOKS:
+            self.add(node, DUNDER_HOOKS[node.attr], f"uses {dotted}")
+        elif node.attr.endswith("_standard") or (node.attr == self.target_fn and dotted.startswith(self.target_module)):
+            self.add(node, "harness-reference", f"uses {dotted}: the standard path under another name")
+        elif dotted.startswith("k3_model.dispatch.") and node.attr not in ("OpScope", "DispatchError"):
+            self.add(node, "harness-reference", f"uses {dotted}: dispatcher internals")
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in ("__builtins__",) or node.id.endswith("_standard"):
+            rule = "monkeypatch" if node.id == "__builtins__" else "harness-reference"
+            self.add(node, rule, f"uses {node.id}")
+        self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring or bare string is inert
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            for rx, rule in SUSPICIOUS_STRINGS:
+                if rx.search(node.value):
+                    self.add(node, rule, f"string {node.value[:60]!r} points at the harness or outside the kernel")
+            if len(node.value) > 40 and ("__global__" in node.value or "#include" in node.value):
+                for f in _native_findings(self.path, node.value, line_offset=node.lineno - 1):
+                    self.findings.append(f)
+
+
+def _native_findings(path: str, text: str, *, line_offset: int = 0) -> list[Finding]:
+    """Text rules for CUDA/C++ sources (comments stripped first)."""
+    out = []
+    stripped = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    for i, line in enumerate(stripped.splitlines(), 1):
+        code = line.split("//", 1)[0]
+        for rx, rule in NATIVE_RULES:
+            m = rx.search(code)
+            if m:
+                out.append(Finding(path, i + line_offset, rule, f"native source uses {m.group(0).strip()!r}"))
+    return out
+
+
+def audit_python(path: str, source: str, *, tensor_names: set[str], target: str) -> list[Finding]:
+    """Findings for one Python file.
+
+    Args:
+        path: repo-relative path (for evidence).
+        source: the file's text.
+        tensor_names: the op's input and output names (keys from them mark an output cache).
+        target: the task's target, ``module:function``.
+
+    Returns:
+        Findings in line order; a file that does not parse is one finding (``syntax``).
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return [Finding(path, exc.lineno or 0, "syntax", f"does not parse: {exc.msg}")]
+    mod, _, fn = target.partition(":")
+    v = _PyAudit(path, tensor_names=tensor_names, target_module=mod, target_fn=fn)
+    v.prescan(tree)
+    v.visit(tree)
+    seen, out = set(), []
+    for f in sorted(v.findings, key=lambda f: (f.line, f.rule)):
+        if (f.line, f.rule, f.why) not in seen:
+            seen.add((f.line, f.rule, f.why))
+            out.append(f)
+    return out
+
+
+def audit_file(path: str, data: bytes, *, tensor_names: set[str], target: str) -> list[Finding]:
+    """Findings for one changed file, by suffix (other files are isolation's concern)."""
+    text = data.decode("utf-8", "replace")
+    if path.endswith(PY_SUFFIXES):
+        return audit_python(path, text, tensor_names=tensor_names, target=target)
+    if path.endswith(NATIVE_SUFFIXES):
+        return _native_findings(path, text)
+    return []
+
+
+class AuditGuard:
+    """Reads the candidate's changed sources from git; never imports them."""
+
+    name = "audit"
+
+    def check(self, ctx: GuardContext) -> Verdict:
+        repo = git.Repo(ctx.repo_root)
+        base, cand = repo.commit(ctx.base_commit), repo.commit(ctx.candidate_commit)
+        tensor_names = set(ctx.task.inputs) | set(ctx.task.outputs)
+        findings: list[Finding] = []
+        audited = 0
+        for d in base.diff(cand):
+            if d.b_blob is None or d.b_blob.mode == 0o120000:
+                continue
+            path = d.b_path
+            if not path.endswith(PY_SUFFIXES + NATIVE_SUFFIXES):
+                continue
+            audited += 1
+            findings += audit_file(path, d.b_blob.data_stream.read(), tensor_names=tensor_names, target=ctx.task.target)
+        if findings:
+            f = findings[0]
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"{len(findings)} finding(s) in the candidate's source; first: {f.path}:{f.line} [{f.rule}] {f.why}.",
+                evidence=tuple(x.evidence() for x in findings[:MAX_FINDINGS]),
+            )
+        return Verdict(
+            guard=self.name, status=Status.PASS,
+            summary=f"No known gaming pattern in the {audited} changed source file(s).",
+            evidence=(Evidence(name="files_audited", value=audited, unit="count"),),
+        )

@@ -1,0 +1,164 @@
+"""Audit guard: each rule fails a small bad diff (naming file:line); the good fixtures pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from guards.audit import AuditGuard, audit_file
+from guards.base import GuardContext
+from guards.verdict import Status
+from tests.conftest import REPO_ROOT, git
+from workbench.fixtures import list_fixtures
+from workbench.taskspec import load_task
+
+TASK = load_task(REPO_ROOT, "k3_moe_dispatch")
+NAMES = set(TASK.inputs) | set(TASK.outputs)
+KPATH = "k3_model/kernels/moe_dispatch/__init__.py"
+HEAD = "import torch\nfrom k3_model.dispatch import OpScope\n\n"
+SIG = "def moe_route_dispatch(router_logits, e_score_correction_bias, token_valid, **kw):\n"
+
+
+def _findings(src: str, path: str = KPATH):
+    return audit_file(path, src.encode(), tensor_names=NAMES, target=TASK.target)
+
+
+# (rule, source, line the finding must name)
+BAD = [
+    ("forbidden-import", "import threading\n", 1),
+    ("forbidden-import", "from multiprocessing import Pool\n", 1),
+    ("forbidden-import", "import subprocess as sp\n", 1),
+    ("forbidden-import", "import ctypes\n", 1),
+    ("forbidden-import", "import socket\n", 1),
+    ("forbidden-import", "import time\n", 1),
+    ("forbidden-import", "from tasks.k3_moe_dispatch import reference\n", 1),
+    ("forbidden-import", "import guards.perf\n", 1),
+    ("forbidden-import", "from workbench import pipeline\n", 1),
+    ("process-control", "import os\n" + SIG + "    os.system('true')\n", 3),
+    ("process-control", "import os\n" + SIG + "    os.fork()\n", 3),
+    ("process-control", "import os\n" + SIG + "    os._exit(0)\n", 3),
+    ("process-control", "from os import kill\n", 1),
+    ("environment", "import os\nKEY = os.environ.get('ANTHROPIC_API_KEY')\n", 2),
+    ("environment", "import os as o\nKEY = o.getenv('X')\n", 2),
+    ("file-access", SIG + "    open('/tmp/x', 'w').write('1')\n", 2),
+    ("file-access", "import pathlib\nP = pathlib.Path('x')\n" + SIG + "    P.write_text('1')\n", 4),
+    ("timer", HEAD + SIG + "    e = torch.cuda.Event(enable_timing=True)\n", 5),
+    ("timer", HEAD + SIG + "    x = e.elapsed_time(f)\n", 5),
+    ("timer", "from time import perf_counter_ns\n", 1),
+    ("side-stream", HEAD + SIG + "    s = torch.cuda.Stream()\n", 5),
+    ("harness-reference", "from k3_model.ops.moe_dispatch import moe_route_dispatch_standard\n", 1),
+    ("harness-reference", "from k3_model.dispatch import forward_context\n", 1),
+    ("harness-reference", "from k3_model import dispatch\n" + SIG + "    dispatch.select('a')\n", 3),
+    ("harness-reference", "P = 'tasks/k3_moe_dispatch/reference.py'\n", 1),
+    ("harness-reference", "P = '../../ops/moe_dispatch.py'\n", 1),
+    ("monkeypatch", HEAD + "torch.allclose = lambda *a, **k: True\n", 4),
+    ("monkeypatch", "import time\ntime.perf_counter_ns = lambda: 0\n", 2),
+    ("monkeypatch", HEAD + "torch.cuda.Event.elapsed_time = lambda s, e: 0.0\n", 4),
+    ("monkeypatch", "import kernels\nsetattr(kernels, 'timing', None)\n", 2),
+    ("monkeypatch", "import sys\nsys.modules['guards'] = None\n", 2),
+    ("forbidden-import", "import builtins\n", 1),
+    ("monkeypatch", SIG + "    exec('x = 1')\n", 2),
+    ("monkeypatch", SIG + "    __import__('os')\n", 2),
+    ("monkeypatch", "import sys\n" + SIG + "    f = sys._getframe(1)\n", 3),
+    ("global-state", "_C = {}\n" + SIG + "    _C[router_logits.data_ptr()] = 1\n", 3),
+    ("global-state", "_C = {}\n" + SIG + "    k = id(router_logits)\n    _C[k] = 1\n", 4),
+    ("global-state", "_C = {}\n" + SIG + "    _C[(1, 2)] = kw['topk_weights'].clone()\n", 3),
+    ("global-state", "_C = []\n" + SIG + "    _C.append(router_logits)\n", 3),
+    ("global-state", "_N = [0]\n" + SIG + "    _N[0] += 1\n", 3),
+    ("global-state", "_N = 0\n" + SIG + "    global _N\n    _N += 1\n", 3),
+    ("global-state", "import functools\n@functools.lru_cache(None)\n" + SIG + "    pass\n", 2),
+    ("global-state", "from functools import cache\n@cache\ndef helper(router_logits):\n    pass\n", 2),
+    ("lazy-tensor", HEAD + "class Lazy(torch.Tensor):\n    pass\n", 4),
+    ("lazy-tensor", SIG + "    return router_logits.as_subclass(object)\n", 2),
+    ("syntax", "def f(:\n", 1),
+]
+
+
+@pytest.mark.parametrize("rule, src, line", BAD, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(BAD)])
+def test_rule_fails_a_small_bad_diff(rule, src, line):
+    found = _findings(src)
+    hits = [f for f in found if f.rule == rule]
+    assert hits, f"rule {rule} did not fire on:\n{src}\nfindings: {found}"
+    assert hits[0].line == line and hits[0].path == KPATH
+    assert hits[0].evidence().path == f"{KPATH}:{line}"
+
+
+@pytest.mark.parametrize("src, native_rule", [
+    ('#include <cstdlib>\nvoid f() { system("id"); }\n', "process-control"),
+    ('void f() { const char* k = getenv("KEY"); }\n', "environment"),
+    ("void f() { cudaStream_t s; cudaStreamCreate(&s); }\n", "side-stream"),
+    ("void f() { std::thread t(g); }\n", "forbidden-import"),
+    ("void f() { cudaEventElapsedTime(&ms, a, b); }\n", "timer"),
+])
+def test_native_source_rules(src, native_rule):
+    found = _findings(src, "k3_model/kernels/moe_dispatch/k.cu")
+    assert [f.rule for f in found] == [native_rule] and found[0].line in (1, 2)
+
+
+def test_native_rules_ignore_comments_and_apply_to_inline_sources():
+    assert _findings("// system(\"id\") in a comment\n/* getenv(\"K\") */\n", "k.cu") == []
+    src = 'SRC = r"""\n#include <cuda_runtime.h>\n__global__ void k() {}\nvoid l() { cudaStreamCreate(0); }\n"""\n'
+    found = _findings(src)
+    assert [f.rule for f in found] == ["side-stream"] and found[0].line == 4
+
+
+HONEST = [
+    # compile caches keyed by dtype or block size, as CuTe DSL / Triton kernels keep them
+    "_KERNELS = {}\n" + SIG + "    key = (router_logits.dtype, kw['block_size'])\n    _KERNELS[key] = object()\n",
+    "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block_size, dtype):\n    return block_size\n",
+    # local counters and buffers, in-place updates of the outputs, CUDA graphs, current stream
+    HEAD + SIG + "    n = 0\n    n += 1\n    buf = []\n    buf.append(router_logits.sum())\n"
+    "    kw['topk_ids'].fill_(-1)\n    g = torch.cuda.CUDAGraph()\n    s = torch.cuda.current_stream()\n",
+    "import os.path\nimport math\nHERE = os.path.dirname('x')\nLIMIT = math.inf\n",
+    '"""Docstring mentioning tasks/k3_moe_dispatch/reference.py and guards.perf is inert."""\n',
+]
+
+
+@pytest.mark.parametrize("src", HONEST, ids=[f"honest-{i}" for i in range(len(HONEST))])
+def test_honest_code_has_no_findings(src):
+    assert _findings(src) == []
+
+
+def _ctx(repo: Path, base: str, cand: str) -> GuardContext:
+    return GuardContext(task=load_task(repo, "k3_moe_dispatch"), repo_root=repo, worktree=repo,
+                        base_commit=base, candidate_commit=cand, device="cpu", seed=0)
+
+
+def _commit_overlay(repo: Path, src_dir: Path) -> tuple[str, str]:
+    base = git(repo, "rev-parse", "HEAD")
+    for p in src_dir.rglob("*"):
+        if p.is_file():
+            dest = repo / p.relative_to(src_dir)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(p.read_bytes())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "candidate")
+    return base, git(repo, "rev-parse", "HEAD")
+
+
+def test_good_fixtures_pass_the_guard(fresh_repo):
+    goods = [f for f in list_fixtures(load_task(fresh_repo, "k3_moe_dispatch")) if f.good]
+    assert goods
+    for fx in goods:
+        base, cand = _commit_overlay(fresh_repo, fx.path)
+        v = AuditGuard().check(_ctx(fresh_repo, base, cand))
+        assert v.status is Status.PASS, v.one_line()
+        assert v.evidence[0].value >= 1
+
+
+def test_bad_diff_fails_the_guard_with_file_and_line(fresh_repo):
+    d = fresh_repo.parent / "bad"
+    (d / "k3_model/kernels/moe_dispatch").mkdir(parents=True)
+    (d / KPATH).write_text(HEAD + "import threading\n" + SIG + "    pass\n")
+    base, cand = _commit_overlay(fresh_repo, d)
+    v = AuditGuard().check(_ctx(fresh_repo, base, cand))
+    assert v.status is Status.FAIL
+    assert v.evidence[0].path == f"{KPATH}:4" and v.evidence[0].name == "forbidden-import"
+    assert f"{KPATH}:4 [forbidden-import]" in v.summary
+
+
+def test_audit_runs_right_after_isolation():
+    from workbench.pipeline import default_guards
+
+    assert [g.name for g in default_guards()][:3] == ["isolation", "audit", "correctness"]

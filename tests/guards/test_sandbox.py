@@ -1,0 +1,125 @@
+"""Containment of the child that runs candidate code: secrets, identity, response channel, limits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from guards import sandbox
+from guards.sandbox import NONCE_BYTES, RESPONSE_MAGIC, _read_frame, drop_privileges_available, run_child
+from tests.conftest import REPO_ROOT
+
+KERNEL = "k3_model/kernels/moe_dispatch/__init__.py"
+
+
+def _worktree(tmp_path: Path, kernel_source: str) -> Path:
+    """A minimal candidate checkout: the project's k3_model and kernels plus one kernel module."""
+    wt = tmp_path / "wt"
+    for pkg in ("k3_model", "kernels"):
+        shutil.copytree(REPO_ROOT / pkg, wt / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (wt / KERNEL).write_text(kernel_source)
+    os.chmod(tmp_path, 0o755)
+    return wt
+
+
+def _request() -> dict:
+    return {"mode": "correctness", "target": "k3_model.ops.moe_dispatch:moe_route_dispatch", "op": "moe_dispatch",
+            "device": "cpu", "decode_backend": "latency_specialized", "cases": []}
+
+
+def _run(wt: Path, timeout_s: float = 60):
+    return run_child(wt, _request(), timeout_s=timeout_s, memory_bytes=8 * 2**30, device="cpu")
+
+
+def test_secrets_in_the_parent_environment_are_absent_in_the_child(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-canary")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp-canary")
+    monkeypatch.setenv("PYTHONPATH", "/nonexistent/injected")
+    wt = _worktree(tmp_path, "import os\nraise RuntimeError('ENV=' + ','.join(sorted(os.environ)))\n")
+    out = _run(wt)
+    assert out.problem is None and out.response is not None
+    err = out.response["error"]
+    env = set(err.split("ENV=", 1)[1].split(".", 1)[0].split()[0].split(","))
+    assert "HOME" in env and "PATH" in env  # the channel works: the child did report its environment
+    assert not {"ANTHROPIC_API_KEY", "GITHUB_TOKEN", "PYTHONPATH"} & env
+    assert "canary" not in err + out.stdout_tail + out.stderr_tail
+
+
+@pytest.mark.skipif(not drop_privileges_available(), reason="needs root and setpriv to run the child as another uid")
+def test_child_runs_as_a_fresh_uid_and_cannot_write_the_worktree_or_repo(tmp_path):
+    target = REPO_ROOT / ".workbench" / "results"
+    src = (
+        "import os, pathlib\n"
+        "wrote = []\n"
+        f"for p in [pathlib.Path(__file__).parent / 'x.py', pathlib.Path({str(target)!r}) / 'pwned.json', "
+        f"pathlib.Path({str(REPO_ROOT / '.git')!r}) / 'pwned']:\n"
+        "    try:\n"
+        "        p.write_text('x'); wrote.append(str(p))\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "raise RuntimeError(f'UID={os.getuid()} WROTE={wrote}')\n"
+    )
+    wt = _worktree(tmp_path, src)
+    out = _run(wt)
+    err = out.response["error"]
+    assert f"UID={out.uid} " in err and out.uid != 0
+    assert "WROTE=[]" in err
+    assert not (wt / "k3_model/kernels/moe_dispatch/x.py").exists()
+
+
+def _frame(nonce: bytes, payload: bytes) -> bytes:
+    return RESPONSE_MAGIC + nonce + struct.pack("<Q", len(payload)) + payload
+
+
+def test_response_frame_needs_the_nonce_and_nothing_else():
+    nonce = os.urandom(NONCE_BYTES)
+    assert _read_frame(_frame(nonce, b"abc"), nonce) == (b"abc", None)
+    payload, why = _read_frame(_frame(bytes(NONCE_BYTES), b"abc"), nonce)
+    assert payload is None and "wrong nonce" in why
+    payload, why = _read_frame(b'{"accepted": true}' + _frame(nonce, b"abc"), nonce)
+    assert payload is None and "not a response frame" in why
+    payload, why = _read_frame(_frame(nonce, b"abc") + b"forged", nonce)
+    assert payload is None and "extra writes" in why
+    assert _read_frame(b"", nonce) == (None, None)
+
+
+def test_printing_a_fake_response_does_not_forge_one(tmp_path):
+    src = ("print('WBRESP1 ok True accepted'); import sys; sys.stdout.flush()\n"
+           "from k3_model.dispatch import OpScope\nSCOPE = OpScope(devices=('cpu',))\n"
+           "def moe_route_dispatch(*a, **k):\n    pass\n")
+    out = _run(_worktree(tmp_path, src))
+    assert out.response is not None and out.response["ok"] is True  # the real response, from the real channel
+    assert out.response["scope"]["devices"] == ["cpu"] and "accepted" in out.stdout_tail
+
+
+@pytest.mark.parametrize("src, needle", [
+    ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
+    ("import os\nos._exit(7)\n", "status 7"),
+    ("import time\ntime.sleep(60)\n", "s limit (wall clock)"),
+    ("while True:\n    print('y' * 4095)\n", "output/file-size cap"),
+])
+def test_crash_hang_and_flood_come_back_as_one_line_problems(tmp_path, src, needle):
+    out = _run(_worktree(tmp_path, src), timeout_s=8)
+    assert out.response is None and needle in out.problem and "\n" not in out.problem
+    assert out.duration_s < 30
+
+
+def test_user_task_count_sees_this_process():
+    assert sandbox._user_tasks(os.getuid()) >= 1
+
+
+def test_timing_tampering_cross_check():
+    from guards.perf import timing_tampering
+
+    wall = [100.0] * 50
+    honest_loaded = [60.0] * 50  # CPU clock under load: below the wall clock, equally on both sides
+    assert timing_tampering(honest_loaded, wall, honest_loaded, wall, device="cpu") is None
+    assert "tampering" in timing_tampering(honest_loaded, wall, [15.0] * 50, wall, device="cpu")
+    assert "tampering" in timing_tampering([300.0] * 50, wall, [100.0] * 50, wall, device="cpu")
+    assert timing_tampering([120.0] * 50, wall, [90.0] * 50, wall, device="cuda") is None
+    assert "candidate samples are 0.10x" in timing_tampering([120.0] * 50, wall, [10.0] * 50, wall, device="cuda")
+    assert timing_tampering([1.0], [], [1.0], [], device="cpu") is None  # too few readings: not judged
