@@ -20,12 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "tasks" / "k3_dspark_verify"
 KERNEL = TASK / "fixtures" / "good" / "triton-cuda" / "k3_model" / "kernels" / "dspark_verify" / "_triton_verify.py"
 
-# (case, B, D, V, Q): every case of inputs.py at tiny sizes (the interpreter runs a program at a time)
+# (case, B, D, V, Q): tiny sizes (the interpreter runs one program at a time, slowly); the other
+# cases run on CUDA (gpu tests below) and through the guards
 CASES = [
-    ("realistic", 6, 3, 700, 1), ("realistic", 5, 2, 600, 2), ("sampled", 6, 3, 900, 2),
-    ("greedy", 4, 3, 500, 1), ("zero_drafts", 3, 2, 300, 1), ("all_accepted", 4, 3, 400, 2),
-    ("none_accepted", 4, 2, 400, 1), ("issue_mixed", 4, 1, 8, 1), ("batch_mates", 8, 2, 300, 2),
-    ("q_zero", 4, 3, 300, 2), ("params_sweep", 9, 2, 700, 1), ("greedy_ties", 4, 3, 16, 1),
+    ("issue_mixed", 4, 1, 8, 1), ("greedy_ties", 4, 3, 16, 1), ("params_sweep", 9, 1, 96, 1),
+    ("realistic", 3, 1, 200, 2), ("q_zero", 2, 1, 64, 2), ("none_accepted", 2, 2, 64, 1),
 ]
 
 _SCRIPT = r"""
@@ -68,7 +67,7 @@ def test_interpreted_kernel_matches_reference(case):
     """Every row passes the task's checker on two seeds, and the issue-3 batch is token for token."""
     report = _interpret([case])
     assert [r["msgs"] for r in report] == [[], []]
-    if case[0] in ("issue_mixed", "greedy", "greedy_ties", "all_accepted"):
+    if case[0] in ("issue_mixed", "greedy_ties"):
         assert all(r["exact"] for r in report)
 
 
@@ -97,3 +96,24 @@ def test_cuda_kernel_matches_reference_k3_sizes(B):
         want = ref.reference(x, {"max_draft_tokens": 7})
         assert ref.check(x, {"max_draft_tokens": 7}, {"output_token_ids": out.cpu(), "num_accepted_tokens": acc.cpu()},
                          want, {}) == []
+
+
+def test_capturable_top_k_top_p_equals_eager_masks():
+    """The graph-capturable standard-path masking equals the eager one on a mixed batch (CPU)."""
+    import importlib
+
+    from k3_model.ops import dspark_verify as op
+
+    spec = importlib.util.spec_from_file_location("inp", TASK / "inputs.py")
+    inp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inp)
+    for case in ("realistic", "params_sweep"):
+        x = inp.make_inputs({"B": 9, "D": 3, "V": 700, "Q": 1}, 3, case)
+        logits = x["target_logits"].float()
+        t = torch.where(x["temperature"] == 0, torch.ones(9), x["temperature"])
+        z = logits / t.view(9, 1, 1)
+        a = op._apply_top_k_top_p(z.clone(), logits, x["top_k"], x["top_p"])
+        b = op._apply_top_k_top_p_capturable(z.clone(), logits, x["top_k"], x["top_p"])
+        assert torch.equal(torch.isinf(a), torch.isinf(b))
+        assert torch.equal(a[~torch.isinf(a)], b[~torch.isinf(b)])
+        assert bool(torch.isinf(a).any())  # the filters removed something
