@@ -117,3 +117,32 @@ def test_capturable_top_k_top_p_equals_eager_masks():
         assert torch.equal(torch.isinf(a), torch.isinf(b))
         assert torch.equal(a[~torch.isinf(a)], b[~torch.isinf(b)])
         assert bool(torch.isinf(a).any())  # the filters removed something
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernel_small_vocab_edge_cases():
+    """On CUDA with V below one tile (masked lanes: the H200 bug of the first call): every edge case."""
+    spec = importlib.util.spec_from_file_location("tv", KERNEL)
+    tv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tv)
+    spec = importlib.util.spec_from_file_location("inp", TASK / "inputs.py")
+    inp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inp)
+    spec = importlib.util.spec_from_file_location("ref", TASK / "reference.py")
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    cases = [("issue_mixed", 4, 1, 8, 1), ("greedy_ties", 8, 3, 16, 1), ("params_sweep", 9, 7, 1024, 1),
+             ("sampled", 16, 7, 1024, 2), ("q_zero", 8, 7, 1024, 2), ("all_accepted", 8, 7, 1024, 2),
+             ("none_accepted", 8, 7, 1024, 1), ("zero_drafts", 8, 7, 1024, 1), ("batch_mates", 16, 7, 1024, 2)]
+    for case, B, D, V, Q in cases:
+        x = inp.make_inputs({"B": B, "D": D, "V": V, "Q": Q}, 7, case)
+        g = {k: v.cuda() for k, v in x.items()}
+        out = torch.full((B, D + 1), -7, dtype=torch.int32, device="cuda")
+        acc = torch.full((B,), -7, dtype=torch.int32, device="cuda")
+        tv.launch(g["target_logits"], g["draft_token_ids"], g["num_draft_tokens"], g["draft_probs"] if Q == 2 else None,
+                  g["temperature"], g["top_k"], g["top_p"], g["uniform_draws"], g["exponential_noise"],
+                  max_draft_tokens=D, output_token_ids=out, num_accepted_tokens=acc)
+        want = ref.reference(x, {"max_draft_tokens": D})
+        assert ref.check(x, {"max_draft_tokens": D}, {"output_token_ids": out.cpu(), "num_accepted_tokens": acc.cpu()},
+                         want, {}) == [], case
