@@ -89,8 +89,34 @@ def _check_args(target_logits, draft_token_ids, num_draft_tokens, draft_probs, t
                              "move every tensor to one device.")
 
 
+def _apply_top_k_top_p_capturable(z: torch.Tensor, logits: torch.Tensor, top_k: torch.Tensor,
+                                  top_p: torch.Tensor) -> torch.Tensor:
+    """:func:`_apply_top_k_top_p` without host synchronisation (no ``bool()``/``int()`` of device
+    values, no data-dependent shapes), so the standard path can be captured into a CUDA graph: the
+    k-th largest logit comes from a full descending sort and top-p runs on every row, masked by
+    ``top_p < 1`` (vLLM's ``apply_top_k_top_p`` sorts the whole row too). Same results row by row."""
+    B, P, V = z.shape
+    k = top_k.long()
+    k_on = (k > 0) & (k < V)
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    kth = sorted_logits.gather(-1, (k.clamp(1, V) - 1).view(B, 1, 1).expand(B, P, 1))
+    z = z.masked_fill((logits < kth) & k_on.view(B, 1, 1), float("-inf"))
+    probs = z.softmax(-1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    above = sorted_p.cumsum(-1) - sorted_p
+    first = torch.searchsorted(-sorted_p.contiguous(), -sorted_p.contiguous(), side="left")
+    keep_sorted = above.gather(-1, first) < top_p.view(B, 1, 1)
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted) | (top_p >= 1.0).view(B, 1, 1)
+    return z.masked_fill(~keep, float("-inf"))
+
+
 def _apply_top_k_top_p(z: torch.Tensor, logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask ``z`` (B, P, V) fp32 with -inf outside each request's top-k / top-p set (per request)."""
+    """Mask ``z`` (B, P, V) fp32 with -inf outside each request's top-k / top-p set (per request).
+
+    While a CUDA stream is being captured into a graph, the synchronisation-free variant
+    :func:`_apply_top_k_top_p_capturable` runs instead (same masks)."""
+    if z.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _apply_top_k_top_p_capturable(z, logits, top_k, top_p)
     B, P, V = z.shape
     k = top_k.long()
     k_on = (k > 0) & (k < V)
