@@ -15,6 +15,7 @@ it, and binds the clock it uses for cross-checks; the response goes to RESPONSE_
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 import os
 import struct
@@ -103,27 +104,35 @@ def _perf_case(fn, fc, rt, req, case):
             for side in ("baseline", "candidate")}
     kw = case["kwargs"]
     phase = case["phase"]
+    base_mod = req.get("_baseline_module")  # the base commit's merged kernel, loaded by main()
+    base_backend = "latency_specialized" if base_mod is not None else "standard"
     traces = {}
-    for side, backend in (("baseline", "standard"), ("candidate", req["decode_backend"])):
-        traces[side] = _decisions(_call(fn, fc, rt, backend, phase, sets[0], outs[side][0], kw))
+    for side, backend in (("baseline", base_backend), ("candidate", req["decode_backend"])):
+        with _baseline_kernel(req["op"], base_mod if side == "baseline" else None):
+            traces[side] = _decisions(_call(fn, fc, rt, backend, phase, sets[0], outs[side][0], kw))
     calls = {"baseline": 0, "candidate": 0}
     wall_ns = {"baseline": [], "candidate": []}
 
     def make(side, backend):
         side_outs, side_wall = outs[side], wall_ns[side]
 
+        import k3_model.dispatch as d
+
+        # both sides pay the same dictionary swap inside the timed call (the candidate swaps in its own)
+        swap = (base_mod if side == "baseline" else d._MODULES.get(req["op"])) if base_mod is not None else None
+
         def run():
             i = calls[side] % n
             calls[side] += 1
             t0 = _clock_ns()
-            with fc(decode_backend=backend, phase=phase):
+            with _baseline_kernel(req["op"], swap), fc(decode_backend=backend, phase=phase):
                 fn(**sets[i], **kw, **side_outs[i])
             side_wall.append(_clock_ns() - t0)
         return run
 
     details: dict = {}
     a, b, wall = time_interleaved(
-        make("baseline", "standard"), make("candidate", req["decode_backend"]), device=device,
+        make("baseline", base_backend), make("candidate", req["decode_backend"]), device=device,
         warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"], details=details,
     )
     if device == "cuda":  # the physical floor of this configuration (kernels/timing.py)
@@ -150,6 +159,51 @@ def _perf_case(fn, fc, rt, req, case):
         "candidate_wall_us": [x / 1e3 for x in wall_ns["candidate"]],
         "candidate_outputs": [{k: v.detach().to("cpu").clone() for k, v in o.items()} for o in outs["candidate"]],
     }
+
+
+class _baseline_kernel:
+    """While active, the dispatcher's cached kernel for ``op`` is ``mod`` (the base commit's); no-op for None."""
+
+    def __init__(self, op, mod):
+        self.op, self.mod = op, mod
+
+    def __enter__(self):
+        if self.mod is not None:
+            import k3_model.dispatch as d
+
+            self.prev = d._MODULES.get(self.op)
+            d._MODULES[self.op] = self.mod
+
+    def __exit__(self, *exc):
+        if self.mod is not None:
+            import k3_model.dispatch as d
+
+            d._MODULES[self.op] = self.prev
+        return False
+
+
+def _load_baseline_kernel(path, op):
+    """Import the base commit's kernel package from ``path`` under a private name (relative imports work)."""
+    name = f"_wb_base_kernel_{op}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                  submodule_search_locations=[path])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _imported_files(worktree):
+    """Worktree files (relative paths) of every module imported in this process so far."""
+    root = os.path.realpath(worktree)
+    out = set()
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f:
+            real = os.path.realpath(f)
+            if real.startswith(root + os.sep):
+                out.add(os.path.relpath(real, root).replace(os.sep, "/"))
+    return sorted(out)
 
 
 _WATCHED = ("time", "k3_model.dispatch", "kernels.timing")
@@ -220,9 +274,12 @@ def main() -> int:
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
+        if req.get("baseline_kernel_dir"):
+            req["_baseline_module"] = _load_baseline_kernel(req["baseline_kernel_dir"], req["op"])
         if req["mode"] == "correctness":
             for case in req["cases"]:
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
+            response["imported_files"] = _imported_files(worktree)
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))

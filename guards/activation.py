@@ -1,7 +1,9 @@
 """Activation guard: proof that the candidate's path really ran, exactly where it claims.
 
-Reads the scope the candidate's kernel declares and the dispatch trace recorded during the
-correctness run. FAIL when no kernel is merged for the op, when the declared scope reaches beyond
+Reads the scope the candidate's kernel declares, the files the child imported and the dispatch trace
+recorded during the correctness run. FAIL when no kernel is merged for the op, when none of the
+candidate's changed Python files was imported (its change never ran: e.g. a kernel file no package
+imports, or a change on top of a kernel already merged that leaves the running code as it was), when the declared scope reaches beyond
 the task's scope (claims what was never tested), when a configuration inside the declared scope did
 not run the latency-specialized implementation, or when one outside it did.
 
@@ -69,6 +71,19 @@ class ActivationGuard:
                 guard=self.name, status=Status.FAIL,
                 summary=f"The kernel claims a scope the task does not test: {excess[0]}.",
                 evidence=tuple(Evidence(name="scope_excess", value=e) for e in excess),
+            )
+        changed_py = sorted(p for p in ctx.artifacts.get("changed_paths", []) if p.endswith(".py")
+                            and (ctx.worktree / p).is_file())
+        ran_files = set(ctx.artifacts.get("imported_files", []))
+        if not set(changed_py) & ran_files:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=("None of the candidate's changed Python files ran: the dispatcher ran code the base "
+                         "already had" if changed_py else
+                         "The candidate changes no Python source, so nothing it changed can run") + ".",
+                evidence=(Evidence(name="changed_python_files", value=", ".join(changed_py) or "none"),
+                          Evidence(name="imported_kernel_files", value=", ".join(
+                              f for f in sorted(ran_files) if f.startswith("k3_model/kernels/")) or "none")),
             )
         dtype = task.inputs[task.scope.dtype_input].dtype
         wrong, ran, expected_ls = [], 0, 0

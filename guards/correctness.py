@@ -93,6 +93,7 @@ class CorrectnessGuard:
             )
         resp = outcome.response
         ctx.artifacts["scope"] = resp.get("scope")
+        ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
         by_name = {c.get("name"): c for c in resp.get("cases", []) if isinstance(c, dict)}
         case_results, failures, traces = [], [], {}
         for case in cases:

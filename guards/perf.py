@@ -1,6 +1,8 @@
 """Perf guard: no regression at any configuration, a real gain where the candidate claims its path.
 
-Baseline = the standard path, candidate = the dispatcher with ``decode_backend=latency_specialized``,
+Baseline = what the base commit runs: the standard path, or the kernel already merged for the op where
+its scope covers the configuration (a candidate replacing a merged kernel must beat that kernel);
+candidate = the dispatcher with ``decode_backend=latency_specialized``,
 same inputs, same child process, interleaved A B A B after warm-up. Per configuration: medians, a
 bootstrap interval of the per-pair speedup (baseline / candidate), and a one-sided Wilcoxon
 signed-rank test that the candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at
@@ -11,6 +13,9 @@ Source: issue 2 guard 4; kernels/stats.py for the statistics.
 """
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 import random
 
@@ -164,10 +169,18 @@ class PerfGuard:
             cases.append(c)
             claimed_flags[name] = claims(claimed, phase=w.phase, batch=w.axes[task.scope.batch_axis],
                                          device=ctx.device, dtype=dtype)
-        timed = [c for c in cases if claimed_flags[c.name]]
+        with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
+            base_kernel = extract_base_kernel(ctx.repo_root, ctx.base_commit, task.op, Path(tmp))
+            return self._check(ctx, cases, claimed_flags, base_kernel)
+
+    def _check(self, ctx: GuardContext, cases, claimed_flags, base_kernel: Path | None) -> Verdict:
+        task = ctx.task
+        # With a kernel already merged at the base, the baseline is what the base runs (that kernel where
+        # its scope covers the configuration): every perf workload is timed, claimed or not.
+        timed = [c for c in cases if claimed_flags[c.name] or base_kernel is not None]
         results = []
         for c in cases:
-            if not claimed_flags[c.name]:
+            if c not in timed:
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": "standard",
                                 "baseline_us": (), "candidate_us": (), "baseline_median_us": 0.0,
                                 "candidate_median_us": 0.0, "speedup": 1.0, "speedup_ci": (1.0, 1.0),
@@ -179,7 +192,8 @@ class PerfGuard:
             request = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
                        "decode_backend": "latency_specialized",
                        "cases": [{**c.request_entry(), "rotation": rotations[c.name]} for c in timed],
-                       "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions}}
+                       "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions},
+                       "baseline_kernel_dir": str(base_kernel) if base_kernel else None}
             outcome = run_child(ctx.worktree, request, timeout_s=task.timeouts.perf_s,
                                 memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
             if outcome.response is None or not outcome.response.get("ok"):
@@ -198,8 +212,11 @@ class PerfGuard:
                 base = [float(x) for x in p["baseline_us"]]
                 cand = [float(x) for x in p["candidate_us"]]
                 impl = ",".join(sorted({d.get("implementation") for d in p.get("trace_candidate", [])})) or "none"
+                base_impl = ",".join(sorted({d.get("implementation") for d in p.get("trace_baseline", [])})) or "none"
+                if base_kernel is not None and base_impl == "latency_specialized":
+                    base_impl = "base kernel"
                 max_reg, alpha = task.perf.regression_test(ctx.device)
-                stats = classify(base, cand, claimed=True, max_regression_pct=max_reg,
+                stats = classify(base, cand, claimed=claimed_flags[c.name], max_regression_pct=max_reg,
                                  min_speedup=task.perf.min_speedup, confidence=task.perf.confidence,
                                  alpha=alpha, seed=i)
                 physical_checks(stats, p)
@@ -217,6 +234,7 @@ class PerfGuard:
                     impl += f" ({wrong})"
                 total_samples_us += sum(base) + sum(cand)
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
+                                "baseline_implementation": base_impl,
                                 "baseline_us": tuple(base), "candidate_us": tuple(cand), "timer": timer, **stats})
             if total_samples_us > outcome.duration_s * 1e6:  # the parent's own clock, out of the child's reach
                 for r in results:
@@ -236,7 +254,7 @@ class PerfGuard:
             for r in results)
         if bad:
             r = bad[0]
-            what = {"regression": "slower than the standard path",
+            what = {"regression": f"slower than the baseline ({r.get('baseline_implementation', 'standard')})",
                     "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
                     "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
                                    "longer tail than the baseline)",
@@ -250,11 +268,36 @@ class PerfGuard:
         if not timed:
             return Verdict(guard=self.name, status=Status.SKIP,
                            summary="No perf workload lies inside the kernel's declared scope on this device.")
-        gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
+        gains = [r["speedup"] for r in results if r["verdict"] == "gain"] or [1.0]
         return Verdict(guard=self.name, status=Status.PASS,
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+def extract_base_kernel(repo_root: Path, base_commit: str, op: str, dest: Path) -> Path | None:
+    """Write the base commit's ``k3_model/kernels/<op>/`` package into ``dest``; ``None`` if none is merged.
+
+    The base is reviewed code (what main runs today); the timing child loads it under a private module
+    name and swaps it into the dispatcher for the baseline side's calls.
+    """
+    import git
+
+    tree = git.Repo(repo_root).commit(base_commit).tree
+    try:
+        sub = tree / f"k3_model/kernels/{op}"
+    except KeyError:
+        return None
+    if not any(b.name == "__init__.py" for b in sub.blobs):
+        return None
+    out = dest / op
+    for item in sub.traverse():
+        if item.type != "blob" or item.mode == 0o120000:
+            continue
+        target = out / Path(item.path).relative_to(sub.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(item.data_stream.read())
+    return out
 
 
 def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | None:

@@ -54,6 +54,8 @@ class PerfResult(_Model):
         name: workload name.
         axes: axis values.
         implementation: what the candidate side ran.
+        baseline_implementation: what the baseline side ran (``standard``, or ``base kernel`` when a
+            kernel for the op is already merged at the base and covers the configuration).
         baseline_us, candidate_us: per-call samples (microseconds).
         baseline_median_us, candidate_median_us: medians (microseconds).
         speedup: median of per-pair ratios baseline / candidate (ratio).
@@ -74,6 +76,7 @@ class PerfResult(_Model):
     name: str
     axes: dict[str, int]
     implementation: str
+    baseline_implementation: str = "standard"
     baseline_us: tuple[float, ...]
     candidate_us: tuple[float, ...]
     baseline_median_us: float

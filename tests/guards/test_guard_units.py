@@ -11,6 +11,7 @@ import pytest
 from guards.activation import ActivationGuard, scope_excess
 from guards.base import GuardContext
 from guards.correctness import CorrectnessGuard
+from guards.isolation import IsolationGuard
 from guards.verdict import Evidence, Status, Verdict
 from workbench.errors import WorkbenchError
 from workbench.pipeline import is_accepted, run_guards
@@ -38,8 +39,10 @@ def _candidate(repo: Path, tmp_path: Path, body: str, name: str) -> GuardContext
         "correctness": task.correctness.model_copy(update={"random_draws": 0}),
         "timeouts": task.timeouts.model_copy(update={"correctness_s": 20.0}),
     })
-    return GuardContext(task=task, repo_root=repo, worktree=c.worktree, base_commit=c.base_commit,
-                        candidate_commit=c.candidate_commit, device="cpu", seed=123)
+    ctx = GuardContext(task=task, repo_root=repo, worktree=c.worktree, base_commit=c.base_commit,
+                       candidate_commit=c.candidate_commit, device="cpu", seed=123)
+    assert IsolationGuard().check(ctx).status is Status.PASS  # records the changed paths
+    return ctx
 
 
 def test_candidate_exception_is_fail_with_the_error(project_repo, tmp_path):
@@ -149,3 +152,56 @@ def test_claiming_a_device_not_judged_fails_activation(project_repo, tmp_path):
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "devices ['cuda'] were not judged in this run (device cpu)" in v.summary
+
+
+def _merge_good_kernel(repo: Path) -> None:
+    import shutil
+
+    from tests.conftest import git
+
+    shutil.copy(repo / GOOD, repo / "k3_model/kernels/moe_dispatch/__init__.py")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "merge the good kernel")
+
+
+def test_change_that_never_runs_on_top_of_a_merged_kernel_fails_activation(fresh_repo, tmp_path):
+    _merge_good_kernel(fresh_repo)
+    overlay = tmp_path / "dead-file"
+    f = overlay / "k3_model/kernels/moe_dispatch/faster.py"
+    f.parent.mkdir(parents=True)
+    f.write_text((fresh_repo / GOOD).read_text())  # a kernel no package imports
+    from workbench.pipeline import run_candidate
+
+    result, _ = run_candidate(fresh_repo, "k3_moe_dispatch", str(overlay), device="cpu")
+    v = result.first_failure()
+    assert v is not None and v.guard == "activation"
+    assert "None of the candidate's changed Python files ran" in v.summary
+    assert "k3_model/kernels/moe_dispatch/faster.py" in v.evidence[0].value
+
+
+def test_notes_only_change_fails_activation(fresh_repo, tmp_path):
+    _merge_good_kernel(fresh_repo)
+    overlay = tmp_path / "notes"
+    (overlay / "k3_model/kernels/moe_dispatch").mkdir(parents=True)
+    (overlay / "k3_model/kernels/moe_dispatch/NOTES.md").write_text("faster now\n")
+    from workbench.pipeline import run_candidate
+
+    result, _ = run_candidate(fresh_repo, "k3_moe_dispatch", str(overlay), device="cpu")
+    assert not result.accepted
+    assert result.first_failure().summary.startswith("The candidate changes no Python source")
+
+
+def test_baseline_is_the_kernel_merged_at_the_base(fresh_repo, tmp_path):
+    """Re-submitting the merged kernel (a whitespace change) gains nothing over the base: perf FAILs."""
+    _merge_good_kernel(fresh_repo)
+    overlay = tmp_path / "same"
+    f = overlay / "k3_model/kernels/moe_dispatch/__init__.py"
+    f.parent.mkdir(parents=True)
+    f.write_text((fresh_repo / GOOD).read_text() + "\n# tuned\n")
+    from workbench.pipeline import run_candidate
+
+    result, _ = run_candidate(fresh_repo, "k3_moe_dispatch", str(overlay), device="cpu")
+    v = result.first_failure()
+    assert v is not None and v.guard == "perf", [x.one_line() for x in result.verdicts]
+    assert {p.baseline_implementation for p in result.perf} == {"base kernel"}
+    assert all(0.8 < p.speedup < 1.2 for p in result.perf)
