@@ -17,7 +17,8 @@ long generation (``generate_tokens``, hundreds), so decode runs deep into the co
 (a) the candidate's argmax differs from the standard token where the standard's top-1/top-2 logit
 margin is at least ``tie_margin`` (a flip a legitimate rounding difference cannot cause), or
 (b) any step's log-prob differs by more than ``max_logprob_drift``, or (c) the candidate crashes
-inside the model. SKIP when the model never calls the task's op (the reason says so) or when the
+inside the model. SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
+every run's trace; the reason says so) or when the
 candidate's kernel never ran inside the model (its declared scope excludes the model's decode
 batches on this device).
 
@@ -139,6 +140,12 @@ class ModelEvalGuard:
         s = self.settings or ModelEvalSettings.from_env()
         s.validate()
         from k3_model.hf_config import k3_mini_hf_config  # trusted: the workbench's own checkout
+        from k3_model.model import DISPATCHED_OPS
+
+        if ctx.task.op not in DISPATCHED_OPS:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary=f"K3-mini never calls op {ctx.task.op!r} (it dispatches {list(DISPATCHED_OPS)}), "
+                                   "so the model cannot judge this task.")
 
         bos = k3_mini_hf_config()["bos_token_id"]
         gen = torch.Generator().manual_seed(_seed(ctx.seed, "prompts"))
@@ -156,9 +163,8 @@ class ModelEvalGuard:
                                "is not independent of the candidate")
         ops = {k.split(":")[0] for ph in std["implementations"].values() for k in ph}
         if ctx.task.op not in ops:
-            return Verdict(guard=self.name, status=Status.SKIP,
-                           summary=f"K3-mini never calls op {ctx.task.op!r} (it calls {sorted(ops) or 'no dispatched op'}), "
-                                   "so the model cannot judge this task.")
+            raise RuntimeError(f"k3_model.model.DISPATCHED_OPS lists {ctx.task.op!r} but the standard model run never "
+                               f"called it (trace: {sorted(ops)}); fix the list or the model")
         cand_out = self._run(ctx, LS, prompts, wseed, s, forced=std["tokens"])
         cand = (cand_out.response or {}).get("model_eval") if cand_out.response and cand_out.response.get("ok") else None
         base_ev = [Evidence(name="batch", value=s.batch, unit="sequences"),
