@@ -254,6 +254,27 @@ def _send(fd: int, nonce: bytes, response) -> None:
     os.close(fd)
 
 
+def _model_eval(req):
+    """Run the standalone K3-mini decode loop (``k3_model.decode.generate``) once; see guards/model_eval.py."""
+    import torch
+
+    from k3_model.decode import generate
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+    from k3_model.model import K3Model, random_weights
+
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=torch.float32, device=req["device"])
+    s = req["settings"]
+    res = generate(model, req["prompts"], s["generate_tokens"], decode_backend=req["decode_backend"],
+                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])
+    mla = [c for c in res.cache.layers if hasattr(c, "pages_allocated")]
+    return {"tokens": res.tokens, "logprobs": res.logprobs, "argmax": res.argmax, "margin": res.margin,
+            "implementations": {ph: res.implementation_counts(ph) for ph in ("prefill", "decode")},
+            "forward_calls": {ph: sum(1 for st in res.steps if st["phase"] == ph) for ph in ("prefill", "decode")},
+            "mla_pages": mla[0].pages_allocated if mla else 0, "context_tokens": res.cache.length,
+            "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
+
+
 def main() -> int:
     worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process
@@ -270,7 +291,8 @@ def main() -> int:
         fn = getattr(importlib.import_module(mod_name), fn_name)
         watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
         before = _snapshot(watched)  # the candidate's kernel is not imported yet
-        scope = declared_scope(req["op"])
+        standard_only = req["mode"] == "model_eval" and req["decode_backend"] == "standard"
+        scope = None if standard_only else declared_scope(req["op"])  # standard runs never import kernel code
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
@@ -280,6 +302,8 @@ def main() -> int:
             for case in req["cases"]:
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
             response["imported_files"] = _imported_files(worktree)
+        elif req["mode"] == "model_eval":
+            response["model_eval"] = _model_eval(req)
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))

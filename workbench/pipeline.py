@@ -29,9 +29,10 @@ def default_guards() -> list[Guard]:
     from guards.audit import AuditGuard
     from guards.correctness import CorrectnessGuard
     from guards.isolation import IsolationGuard
+    from guards.model_eval import ModelEvalGuard
     from guards.perf import PerfGuard
 
-    return [IsolationGuard(), AuditGuard(), CorrectnessGuard(), ActivationGuard(), PerfGuard()]
+    return [IsolationGuard(), AuditGuard(), CorrectnessGuard(), ActivationGuard(), ModelEvalGuard(), PerfGuard()]
 
 
 def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:

@@ -29,7 +29,12 @@ def test_fixture_judged_as_named(project_repo, task_id, fx):
     assert data["accepted"] == result.accepted and data["schema_version"] == 1
     assert path.with_suffix(".md").read_text().startswith(f"# {task_id}: {'ACCEPTED' if result.accepted else 'REJECTED'}")
     if fx.good:
-        assert [v.status.value for v in result.verdicts] == ["PASS"] * len(result.verdicts)
+        # every guard passes; model_eval may SKIP, only for a task whose op the model never calls
+        assert all(v.status.value == "PASS" or (v.guard == "model_eval" and v.status.value == "SKIP"
+                                                 and "never calls op" in v.summary) for v in result.verdicts), \
+            [v.one_line() for v in result.verdicts]
+        if task_id == "k3_moe_dispatch":
+            assert next(v for v in result.verdicts if v.guard == "model_eval").status.value == "PASS"
         assert all(c.passed and c.implementation == "latency_specialized" for c in result.cases)
         assert all(p.speedup > 1.0 for p in result.perf if p.verdict != "not_claimed")
     else:
