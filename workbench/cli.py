@@ -379,6 +379,26 @@ app.add_typer(review_app, name="review")
 app.command()(ui)
 
 
+model_app = typer.Typer(no_args_is_help=True, help="The K3 model: generate a K3-mini checkpoint.")
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("generate")
+def model_generate(
+    out: Path = typer.Option(..., "--out", help="Checkpoint folder to write (config.json, model.safetensors, tokenizer)."),
+    config: str = typer.Option("k3_mini", "--config", help="Named config (k3_mini)."),
+    seed: int = typer.Option(0, help="Weight seed (same seed, same bytes)."),
+) -> None:
+    """Write random K3-mini weights (fixed seed) as safetensors with config.json and a locally trained tokenizer."""
+    from k3_model.generate import write_checkpoint
+
+    try:
+        for p in write_checkpoint(out, config=config, seed=seed):
+            console.print(str(p))
+    except ValueError as exc:
+        _fail(exc)
+
+
 def main() -> None:  # pragma: no cover - console entry for python -m
     app()
 

@@ -1,0 +1,607 @@
+"""K3 layers as pure functions: weights in, activations out, state passed explicitly.
+
+Every function takes its weights as a small dataclass of tensors (names as in the HF checkpoint),
+its activations as ``(N, H)`` rows or ``(B, T, H)`` sequences, and mutates only the state object it is
+handed (the KDA recurrent + conv state, the MLA latent cache). Nothing is global, so a serving engine
+(the vLLM plugin) can call them with its own batching and its own cache storage.
+
+Numerics: RMSNorm variance, AttnRes logits and softmax, SiTU, attention softmax, KDA gates and the
+KDA state are fp32 whatever the activation dtype (k3_architecture.md §4.5, §4.6; fp32 state per §4.2).
+
+Source: shared/reference/k3_architecture.md §4.1 (AttnRes), §4.2 (KDA), §4.3 (gated NoPE MLA),
+§4.4 (LatentMoE), §4.5 (SiTU-GLU), §4.6 (norms); kernel_targets.md §5.1 (KDA recurrence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
+
+L2_EPS = 1e-6
+"""KDA q/k L2-norm epsilon, inside the square root (kernel_targets.md §5.1, §5.5)."""
+
+MOE_ALIGN_BLOCK = 16
+"""Block size the model asks ``moe_route_dispatch`` to align to (rows of a Triton expert tile)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# norms and activations
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis with fp32 variance.
+
+    Args:
+        x: (..., D) any float dtype.
+        weight: (D,) float.
+        eps: added to the mean square (absolute).
+
+    Returns:
+        (..., D) in ``x``'s dtype: ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    Source: k3_architecture.md §4.6 (fp32 variance, eps = rms_norm_eps).
+    """
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    """SiTU-GLU: ``[b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)]``, computed in fp32.
+
+    Args:
+        gate: (..., F) the gate branch (``gate_proj`` / ``w1``).
+        up: (..., F) the linear branch (``up_proj`` / ``w3``).
+        beta: b1 = ``activation_situ_beta`` (4.0 in K3).
+        linear_beta: b2 = ``activation_situ_linear_beta`` (25.0 in K3).
+
+    Returns:
+        (..., F) in ``gate``'s dtype. As b1, b2 -> inf it tends to ``SiLU(g) * u``.
+
+    Source: k3_architecture.md §4.5 (tech report Eq. 12).
+    """
+    g, u = gate.float(), up.float()
+    y = (beta * torch.tanh(g / beta) * torch.sigmoid(g)) * (linear_beta * torch.tanh(u / linear_beta))
+    return y.to(gate.dtype)
+
+
+@dataclasses.dataclass
+class MLPWeights:
+    """A SiTU-GLU MLP (layer-0 dense MLP, fused shared experts).
+
+    Attributes:
+        gate_proj: (F, H). up_proj: (F, H). down_proj: (H, F). nn.Linear layout (out, in).
+    """
+
+    gate_proj: torch.Tensor
+    up_proj: torch.Tensor
+    down_proj: torch.Tensor
+
+
+def situ_mlp(w: MLPWeights, x: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    """``down(SiTU-GLU(gate(x), up(x)))``.
+
+    Args:
+        w: the MLP's weights.
+        x: (N, H) activations, the weights' dtype.
+        beta, linear_beta: SiTU betas (dimensionless).
+
+    Returns:
+        (N, H).
+
+    Source: k3_architecture.md §4.5 (SiTU in all FFNs), §2 (dense L0 and shared expert shapes).
+    """
+    return F.linear(situ_glu(F.linear(x, w.gate_proj), F.linear(x, w.up_proj), beta, linear_beta), w.down_proj)
+
+
+# ---------------------------------------------------------------------------------------------
+# AttnRes
+
+
+def attn_res_mix(sources: torch.Tensor, norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Attention over depth: a softmax-weighted sum of the stored block vectors and the current prefix.
+
+    One scalar logit per source, ``logit(v) = dot(v, norm_w * proj_w) / sqrt(mean(v^2) + eps)``
+    (= ``res_proj(RMSNorm(v))``), softmax over the sources in fp32, and the RAW (un-normalized) source
+    vectors mixed with those weights. With ``proj_w == 0`` every source weighs ``1/S``.
+
+    Args:
+        sources: (N, S, H): blocks in write order, then the current prefix last.
+        norm_w: (H,) ``*_res_norm.weight``.
+        proj_w: (H,) or (1, H) ``*_res_proj.weight``.
+        eps: RMSNorm epsilon.
+
+    Returns:
+        (N, H) in ``sources``' dtype (one source: that source unchanged).
+
+    Source: k3_architecture.md §4.1 ``mix``.
+    """
+    if sources.shape[1] == 1:
+        return sources[:, 0]
+    v = sources.float()
+    w_eff = norm_w.float() * proj_w.float().reshape(-1)
+    logits = (v @ w_eff) * torch.rsqrt(v.pow(2).mean(-1) + eps)  # (N, S)
+    p = torch.softmax(logits, dim=-1)
+    return (p.unsqueeze(-1) * v).sum(1).to(sources.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# KDA
+
+
+@dataclasses.dataclass
+class KDAWeights:
+    """One KDA layer (HF checkpoint names; P = heads x head_dim, R = f_a rank, nh = heads, d = head_dim).
+
+    Attributes:
+        q_proj, k_proj, v_proj: (P, H).
+        q_conv1d, k_conv1d, v_conv1d: (P, 1, C) float32 causal depthwise conv taps (C = 4), no bias.
+        f_a_proj: (R, H); f_b_proj: (P, R): low-rank decay logits.
+        A_log: (>= nh,) float32, per-head log scale, zero-padded (K3 stores [128] for 96 heads).
+        dt_bias: (P,) float32.
+        b_proj: (nh, H): beta logits.
+        g_proj: (P, H): full-rank sigmoid output gate.
+        o_norm: (d,) float32, RMSNorm weight shared by all heads.
+        o_proj: (H, P).
+    """
+
+    q_proj: torch.Tensor
+    k_proj: torch.Tensor
+    v_proj: torch.Tensor
+    q_conv1d: torch.Tensor
+    k_conv1d: torch.Tensor
+    v_conv1d: torch.Tensor
+    f_a_proj: torch.Tensor
+    f_b_proj: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    b_proj: torch.Tensor
+    g_proj: torch.Tensor
+    o_norm: torch.Tensor
+    o_proj: torch.Tensor
+
+
+@dataclasses.dataclass
+class KDAState:
+    """Per-sequence decode state of one KDA layer (the caller owns it; KDA functions update it in place).
+
+    Attributes:
+        recurrent: (B, nh, d_v, d_k) float32, vLLM's V-first layout: ``S[b, h] @ k`` is ``S k``.
+        conv: (B, 3, P, C-1) float32: the last C-1 pre-conv q, k, v projections per channel, oldest first.
+    """
+
+    recurrent: torch.Tensor
+    conv: torch.Tensor
+
+    @classmethod
+    def zeros(cls, batch: int, heads: int, head_dim: int, conv_width: int, device: torch.device | str) -> "KDAState":
+        """A fresh state (no tokens seen): zeros, so the conv sees zero padding before the first token."""
+        P = heads * head_dim
+        return cls(torch.zeros(batch, heads, head_dim, head_dim, dtype=torch.float32, device=device),
+                   torch.zeros(batch, 3, P, conv_width - 1, dtype=torch.float32, device=device))
+
+
+def kda_gate(raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float) -> torch.Tensor:
+    """K3's bounded per-channel log-decay: ``g = lower_bound * sigmoid(exp(A_log[h]) * (raw_g + dt_bias))``.
+
+    Args:
+        raw_g: (..., nh, d) ``f_b_proj(f_a_proj(x))`` reshaped per head.
+        A_log: (>= nh,) float32; entries past nh are padding and ignored.
+        dt_bias: (nh * d,) float32.
+        lower_bound: ``gate_lower_bound`` (-5.0): g lies in (lower_bound, 0).
+
+    Returns:
+        (..., nh, d) float32 log-decays (each step multiplies the state by ``exp(g)`` per key channel).
+
+    Source: k3_architecture.md §4.2 (bounded gate replaces Kimi-Linear's softplus form); kernel_targets.md §5.1.
+    """
+    nh, d = raw_g.shape[-2:]
+    a = torch.exp(A_log.float()[:nh]).unsqueeze(-1)  # (nh, 1)
+    return lower_bound * torch.sigmoid(a * (raw_g.float() + dt_bias.float().view(nh, d)))
+
+
+def _causal_conv_silu(x: torch.Tensor, taps: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over a chunk, continuing from ``state``.
+
+    Args:
+        x: (B, T, P) pre-conv projections.
+        taps: (P, 1, C) conv weights; tap ``C-1`` multiplies the current token.
+        state: (B, P, C-1) the previous C-1 inputs, oldest first.
+
+    Returns:
+        ``(y, new_state)``: y (B, T, P) in fp32, new_state (B, P, C-1) fp32 (the last C-1 inputs).
+    """
+    xx = torch.cat([state, x.float().transpose(1, 2)], dim=2)  # (B, P, C-1+T)
+    C = taps.shape[-1]
+    # windows[b, p, t, j] = xx[b, p, t + j]: tap j multiplies the input C-1-j steps back
+    y = (xx.unfold(2, C, 1) * taps.float().view(1, -1, 1, C)).sum(-1)  # (B, P, T)
+    return F.silu(y).transpose(1, 2), xx[:, :, xx.shape[2] - state.shape[2]:]
+
+
+def kda_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   S: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule, one token at a time, in fp32; updates ``S`` in place.
+
+    Per head: ``S <- S * exp(g)`` on the key axis; ``u = beta (v - S k)``; ``S <- S + u k^T``; ``o = S q``.
+
+    Args:
+        q: (B, T, nh, d) L2-normalized and scaled by d^-1/2. k: (B, T, nh, d) L2-normalized.
+        v: (B, T, nh, d). g: (B, T, nh, d) log-decays <= 0. beta: (B, T, nh) in (0, 1).
+        S: (B, nh, d_v, d_k) float32 state (V-first), modified in place.
+
+    Returns:
+        o: (B, T, nh, d_v) float32.
+
+    Source: k3_architecture.md §4.2; kernel_targets.md §5.1 (``S = (I - b k k^T) Diag(e^g) S + b k v^T``
+    in K-first form).
+    """
+    T = q.shape[1]
+    outs = []
+    decay = torch.exp(g.float())
+    for t in range(T):
+        kt, qt = k[:, t].float(), q[:, t].float()
+        S.mul_(decay[:, t].unsqueeze(-2))
+        u = beta[:, t].float().unsqueeze(-1) * (v[:, t].float() - torch.einsum("bhvk,bhk->bhv", S, kt))
+        S.add_(u.unsqueeze(-1) * kt.unsqueeze(-2))
+        outs.append(torch.einsum("bhvk,bhk->bhv", S, qt))
+    return torch.stack(outs, dim=1)
+
+
+def kda_forward(w: KDAWeights, x: torch.Tensor, state: KDAState, *, heads: int, head_dim: int,
+                lower_bound: float, eps: float) -> torch.Tensor:
+    """One KDA layer over a chunk of tokens per sequence (prefill chunk or a decode step), state carried.
+
+    Args:
+        w: the layer's weights.
+        x: (B, T, H) the normalized attention input (``input_layernorm`` output).
+        state: the sequences' state, updated in place (conv window and recurrent state).
+        heads, head_dim: nh and d.
+        lower_bound: ``gate_lower_bound``.
+        eps: ``rms_norm_eps`` for the per-head output norm.
+
+    Returns:
+        (B, T, H) in ``x``'s dtype.
+
+    Raises:
+        ValueError: ``state`` does not match the batch or the layer's width.
+
+    Source: k3_architecture.md §4.2.
+    """
+    B, T, _ = x.shape
+    P = heads * head_dim
+    if state.recurrent.shape != (B, heads, head_dim, head_dim) or state.conv.shape[:3] != (B, 3, P):
+        raise ValueError(
+            f"kda_forward: state recurrent {tuple(state.recurrent.shape)} / conv {tuple(state.conv.shape)} does not "
+            f"match batch {B}, {heads} heads x {head_dim}; allocate it with KDAState.zeros(B, nh, d, C)."
+        )
+    q, cq = _causal_conv_silu(F.linear(x, w.q_proj), w.q_conv1d, state.conv[:, 0])
+    k, ck = _causal_conv_silu(F.linear(x, w.k_proj), w.k_conv1d, state.conv[:, 1])
+    v, cv = _causal_conv_silu(F.linear(x, w.v_proj), w.v_conv1d, state.conv[:, 2])
+    state.conv.copy_(torch.stack([cq, ck, cv], dim=1))
+    q, k, v = (t.view(B, T, heads, head_dim) for t in (q, k, v))
+    q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + L2_EPS) * head_dim ** -0.5
+    k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + L2_EPS)
+    raw_g = F.linear(F.linear(x, w.f_a_proj), w.f_b_proj).view(B, T, heads, head_dim)
+    g = kda_gate(raw_g, w.A_log, w.dt_bias, lower_bound)
+    beta = torch.sigmoid(F.linear(x, w.b_proj).float())  # (B, T, nh)
+    o = kda_recurrence(q, k, v, g, beta, state.recurrent)  # (B, T, nh, d) fp32
+    o = rms_norm(o, w.o_norm, eps)
+    gate = torch.sigmoid(F.linear(x, w.g_proj).float()).view(B, T, heads, head_dim)
+    return F.linear((o * gate).reshape(B, T, P).to(x.dtype), w.o_proj)
+
+
+# ---------------------------------------------------------------------------------------------
+# gated NoPE MLA
+
+
+@dataclasses.dataclass
+class MLAWeights:
+    """One gated NoPE MLA layer (HF names; nh heads, n = qk_nope, r = qk_rope, dv = v_head_dim, L = kv_lora).
+
+    Attributes:
+        q_a_proj: (q_lora, H). q_a_layernorm: (q_lora,). q_b_proj: (nh*(n+r), q_lora).
+        kv_a_proj_with_mqa: (L + r, H). kv_a_layernorm: (L,). kv_b_proj: (nh*(n+dv), L).
+        g_proj: (nh*dv, H) sigmoid output gate. o_proj: (H, nh*dv).
+    """
+
+    q_a_proj: torch.Tensor
+    q_a_layernorm: torch.Tensor
+    q_b_proj: torch.Tensor
+    kv_a_proj_with_mqa: torch.Tensor
+    kv_a_layernorm: torch.Tensor
+    kv_b_proj: torch.Tensor
+    g_proj: torch.Tensor
+    o_proj: torch.Tensor
+
+
+class MLACache:
+    """The latent KV cache of one MLA layer for B sequences of equal length, in pages.
+
+    Per token it stores ``kv_lora_rank + qk_rope_head_dim`` values (the RMS-normed latent ``c`` and the
+    raw, never rotated ``k_pe``: 512 + 64 = 576 in K3 and K3-mini). Storage grows a page
+    (``page_tokens`` tokens) at a time; ``max_tokens`` is the declared limit.
+
+    Attributes:
+        latent: (B, capacity, L) the compute dtype. k_pe: (B, capacity, r). length: tokens stored.
+
+    Source: k3_architecture.md §4.3 (cache = 576 values/token, k_pe raw).
+    """
+
+    def __init__(self, batch: int, kv_lora_rank: int, rope_dim: int, *, dtype: torch.dtype,
+                 device: torch.device | str, page_tokens: int = 64, max_tokens: int = 4096) -> None:
+        if page_tokens < 1 or max_tokens < 1:
+            raise ValueError(f"MLACache: page_tokens ({page_tokens}) and max_tokens ({max_tokens}) must be >= 1.")
+        self.page_tokens, self.max_tokens = page_tokens, max_tokens
+        self.length = 0
+        self.latent = torch.zeros(batch, 0, kv_lora_rank, dtype=dtype, device=device)
+        self.k_pe = torch.zeros(batch, 0, rope_dim, dtype=dtype, device=device)
+        self.pages_allocated = 0
+
+    def append(self, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Store T new tokens per sequence.
+
+        Args:
+            latent: (B, T, L) normed latents. k_pe: (B, T, r).
+
+        Raises:
+            ValueError: the cache would exceed ``max_tokens`` (the declared limit).
+        """
+        T = latent.shape[1]
+        need = self.length + T
+        if need > self.max_tokens:
+            raise ValueError(f"MLACache: {need} tokens exceed the declared limit max_tokens={self.max_tokens}; "
+                             "raise max_tokens (at most max_position_embeddings).")
+        if need > self.latent.shape[1]:
+            pages = -(-need // self.page_tokens)
+            grow = pages * self.page_tokens - self.latent.shape[1]
+            B = self.latent.shape[0]
+            self.latent = torch.cat([self.latent, self.latent.new_zeros(B, grow, self.latent.shape[2])], dim=1)
+            self.k_pe = torch.cat([self.k_pe, self.k_pe.new_zeros(B, grow, self.k_pe.shape[2])], dim=1)
+            self.pages_allocated = pages
+        self.latent[:, self.length:need] = latent.to(self.latent.dtype)
+        self.k_pe[:, self.length:need] = k_pe.to(self.k_pe.dtype)
+        self.length = need
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(latent (B, S, L), k_pe (B, S, r))`` of the S = ``length`` stored tokens."""
+        return self.latent[:, :self.length], self.k_pe[:, :self.length]
+
+
+def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache, *, heads: int, nope: int, rope: int, v_dim: int,
+                kv_lora_rank: int, eps: float, absorbed: bool) -> torch.Tensor:
+    """One gated NoPE MLA layer over T new tokens per sequence, attending to everything cached so far.
+
+    ``score_h(s) = (q_nope_h . k_nope_h(s) + q_pe_h . k_pe(s)) / sqrt(n + r)``, causal softmax,
+    ``o_h = sum_s p_h(s) v_h(s)``, ``out = o_proj(o * sigmoid(g_proj(x)))``. No rotary embedding.
+    ``absorbed`` computes the same thing in the latent space (decode form: ``W_UK`` folded into the
+    query, ``W_UV`` applied after attention); otherwise keys and values are expanded per head (prefill form).
+
+    Args:
+        w: the layer's weights.
+        x: (B, T, H) the normalized attention input.
+        cache: the layer's cache; the T new tokens are appended first.
+        heads, nope, rope, v_dim, kv_lora_rank: nh, n, r, dv, L.
+        eps: RMSNorm epsilon of ``q_a_layernorm`` / ``kv_a_layernorm`` (rms_norm_eps, as vLLM).
+        absorbed: weight-absorbed (decode) or expanded (prefill) form.
+
+    Returns:
+        (B, T, H) in ``x``'s dtype.
+
+    Source: k3_architecture.md §4.3 (and §8.1: eps 1e-5 as vLLM).
+    """
+    B, T, _ = x.shape
+    q = F.linear(rms_norm(F.linear(x, w.q_a_proj), w.q_a_layernorm, eps), w.q_b_proj).view(B, T, heads, nope + rope)
+    q_nope, q_pe = q[..., :nope], q[..., nope:]
+    kv = F.linear(x, w.kv_a_proj_with_mqa)
+    cache.append(rms_norm(kv[..., :kv_lora_rank], w.kv_a_layernorm, eps), kv[..., kv_lora_rank:])
+    c, k_pe = cache.view()  # (B, S, L), (B, S, r)
+    S = c.shape[1]
+    wkv = w.kv_b_proj.view(heads, nope + v_dim, kv_lora_rank)
+    w_uk, w_uv = wkv[:, :nope], wkv[:, nope:]  # (nh, n, L), (nh, dv, L)
+    if absorbed:
+        q_lat = torch.einsum("bthn,hnl->bthl", q_nope, w_uk)
+        scores = torch.einsum("bthl,bsl->bhts", q_lat.float(), c.float())
+    else:
+        k_nope = torch.einsum("bsl,hnl->bshn", c, w_uk)
+        scores = torch.einsum("bthn,bshn->bhts", q_nope.float(), k_nope.float())
+    scores = (scores + torch.einsum("bthr,bsr->bhts", q_pe.float(), k_pe.float())) * (nope + rope) ** -0.5
+    pos_q = torch.arange(S - T, S, device=x.device).view(T, 1)
+    visible = torch.arange(S, device=x.device).view(1, S) <= pos_q  # (T, S) causal
+    p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    if absorbed:
+        o_lat = torch.einsum("bhts,bsl->bthl", p, c.float())
+        o = torch.einsum("bthl,hvl->bthv", o_lat, w_uv.float())
+    else:
+        v = torch.einsum("bsl,hvl->bshv", c, w_uv)
+        o = torch.einsum("bhts,bshv->bthv", p, v.float())
+    o = o.reshape(B, T, heads * v_dim) * torch.sigmoid(F.linear(x, w.g_proj).float())
+    return F.linear(o.to(x.dtype), w.o_proj)
+
+
+# ---------------------------------------------------------------------------------------------
+# LatentMoE
+
+
+@dataclasses.dataclass
+class LatentMoEWeights:
+    """One LatentMoE layer (E experts, Z = routed_expert_hidden_size latent, F = moe_intermediate_size).
+
+    Attributes:
+        gate: (E, H) router weight (``gate.weight``). e_score_correction_bias: (E,) float32.
+        routed_expert_down_proj: (Z, H). routed_expert_norm: (Z,). routed_expert_up_proj: (H, Z).
+        w1: (E, F, Z) expert gate; w3: (E, F, Z) expert up; w2: (E, Z, F) expert down
+            (``experts.{e}.w{1,3,2}.weight`` stacked).
+        shared: the fused shared experts (2 x F wide), on the full hidden width.
+    """
+
+    gate: torch.Tensor
+    e_score_correction_bias: torch.Tensor
+    routed_expert_down_proj: torch.Tensor
+    routed_expert_norm: torch.Tensor
+    routed_expert_up_proj: torch.Tensor
+    w1: torch.Tensor
+    w3: torch.Tensor
+    w2: torch.Tensor
+    shared: MLPWeights
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingSettings:
+    """Routing parameters passed to ``moe_route_dispatch`` (from the text config)."""
+
+    top_k: int
+    n_group: int
+    topk_group: int
+    renormalize: bool
+    routed_scaling_factor: float
+    block_size: int = MOE_ALIGN_BLOCK
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor, r: RoutingSettings) -> dict[str, torch.Tensor]:
+    """Run the dispatcher's ``moe_route_dispatch`` op (standard path or a merged kernel in scope).
+
+    Args:
+        logits: (N, E) float32 router logits. bias: (E,) float32.
+        r: routing settings.
+
+    Returns:
+        The op's five outputs: ``topk_weights`` (N, K) fp32, ``topk_ids`` (N, K) int32,
+        ``sorted_token_ids``, ``expert_ids``, ``num_tokens_post_padded`` (see the op's docstring).
+    """
+    N, E = logits.shape
+    cap, nblocks = align_capacity(N, r.top_k, E, r.block_size)
+    dev = logits.device
+    outs = {
+        "topk_weights": torch.empty(N, r.top_k, dtype=torch.float32, device=dev),
+        "topk_ids": torch.empty(N, r.top_k, dtype=torch.int32, device=dev),
+        "sorted_token_ids": torch.empty(cap, dtype=torch.int32, device=dev),
+        "expert_ids": torch.empty(nblocks, dtype=torch.int32, device=dev),
+        "num_tokens_post_padded": torch.empty(1, dtype=torch.int32, device=dev),
+    }
+    moe_route_dispatch(logits.contiguous(), bias.float().contiguous(), torch.ones(N, dtype=torch.bool, device=dev),
+                       top_k=r.top_k, n_group=r.n_group, topk_group=r.topk_group, renormalize=r.renormalize,
+                       routed_scaling_factor=r.routed_scaling_factor, block_size=r.block_size, **outs)
+    return outs
+
+
+GATHER_MAX_ROWS = 256
+"""Up to this many dispatched rows (decode batches) the experts run as one gathered batched matmul;
+above it (prefill) as one matmul per expert segment. Each phase always takes the same form."""
+
+
+def dispatch_rows(routing: dict[str, torch.Tensor], num_tokens: int, top_k: int,
+                  block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Read the block-aligned dispatch layout back into dispatched rows.
+
+    Args:
+        routing: outputs of :func:`route`.
+        num_tokens, top_k, block_size: N, K, B of that call.
+
+    Returns:
+        ``(tokens, slots, experts)``, each (R,) int64, in the layout's order (experts ascending by
+        segment): row i sends token ``tokens[i]`` to expert ``experts[i]`` with the weight in
+        ``topk_weights[tokens[i], slots[i]]``; sentinel padding is dropped.
+
+    Raises:
+        ValueError: the layout is inconsistent (a real row in a block with expert -1, or an index out
+            of range), i.e. the op broke its contract.
+    """
+    numel = num_tokens * top_k
+    total = int(routing["num_tokens_post_padded"][0])
+    nblocks = total // block_size
+    if total < 0 or total % block_size or nblocks > routing["expert_ids"].numel():
+        raise ValueError(f"dispatch_rows: num_tokens_post_padded {total} is not a multiple of {block_size} within "
+                         f"the layout; moe_route_dispatch broke its contract.")
+    rows = routing["sorted_token_ids"][:total].long()
+    row_expert = routing["expert_ids"][:nblocks].long().repeat_interleave(block_size)
+    real = rows != numel
+    rows, row_expert = rows[real], row_expert[real]
+    if bool(((rows < 0) | (rows > numel) | (row_expert < 0)).any()):
+        raise ValueError("dispatch_rows: the dispatch layout holds a row index out of range or a row in a block "
+                         "without an expert; moe_route_dispatch broke its contract.")
+    return rows // top_k, rows % top_k, row_expert
+
+
+def latent_moe(w: LatentMoEWeights, x: torch.Tensor, r: RoutingSettings, *, beta: float, linear_beta: float,
+               eps: float) -> torch.Tensor:
+    """Normalized LatentMoE plus the fused shared experts.
+
+    Router on the FULL hidden state (fp32 logits); experts picked and weighted by ``moe_route_dispatch``
+    (biased scores select, unbiased renormalized scores weigh); the routed experts run in the latent
+    ``z = routed_expert_down_proj(x)``; their weighted sum is RMS-normed (once, after the sum) and
+    projected up; the shared experts see the full-width ``x``.
+
+    The experts are driven from the op's **block-aligned layout** (``sorted_token_ids`` / ``expert_ids``
+    / ``num_tokens_post_padded``, read by :func:`dispatch_rows`), and each row's weight is read from
+    ``topk_weights[token, slot]``: every output of the op feeds the model, so a kernel that gets any of
+    them wrong changes the model's output. A token's expert outputs are summed in ascending expert
+    order (fixed reduction order), so the result does not depend on slot order inside a row or token
+    order inside a segment, both free in the op's contract.
+
+    Args:
+        w: the layer's weights.
+        x: (N, H) tokens (``post_attention_layernorm`` output).
+        r: routing settings.
+        beta, linear_beta: SiTU betas. eps: RMSNorm epsilon of ``routed_expert_norm``.
+
+    Returns:
+        (N, H) in ``x``'s dtype.
+
+    Source: k3_architecture.md §4.4; kernel_targets.md §3.1.
+    """
+    N = x.shape[0]
+    logits = F.linear(x.float(), w.gate.float())  # fp32 router logits (K3's GateLinear out_dtype=fp32)
+    routing = route(logits, w.e_score_correction_bias, r)
+    z = F.linear(x, w.routed_expert_down_proj)  # (N, Z)
+    tokens, slots, experts = dispatch_rows(routing, N, r.top_k, r.block_size)
+    R = tokens.numel()
+    if R <= GATHER_MAX_ROWS:
+        zr = z[tokens].unsqueeze(1)  # (R, 1, Z)
+        g = torch.bmm(zr, w.w1[experts].transpose(1, 2))
+        u = torch.bmm(zr, w.w3[experts].transpose(1, 2))
+        out = torch.bmm(situ_glu(g, u, beta, linear_beta), w.w2[experts].transpose(1, 2)).squeeze(1)
+    else:
+        out = torch.empty(R, z.shape[1], dtype=z.dtype, device=z.device)
+        ids, counts = torch.unique_consecutive(experts, return_counts=True)
+        start = 0
+        for e, n in zip(ids.tolist(), counts.tolist()):
+            ze = z[tokens[start:start + n]]
+            he = situ_glu(F.linear(ze, w.w1[e]), F.linear(ze, w.w3[e]), beta, linear_beta)
+            out[start:start + n] = F.linear(he, w.w2[e])
+            start += n
+    contrib = routing["topk_weights"][tokens, slots].unsqueeze(-1) * out.float()  # (R, Z) fp32
+    # rank of each row among its token's rows (rows are in ascending expert order) -> fixed-order sum
+    order = torch.sort(tokens, stable=True).indices
+    sorted_tok = tokens[order]
+    first = torch.searchsorted(sorted_tok, sorted_tok, right=False)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(R, device=x.device) - first
+    if R and int(rank.max()) >= r.top_k:
+        raise ValueError(f"latent_moe: a token was dispatched more than top_k={r.top_k} times; "
+                         "moe_route_dispatch broke its contract.")
+    buf = torch.zeros(N, r.top_k, z.shape[1], dtype=torch.float32, device=x.device)
+    buf[tokens, rank] = contrib
+    y_lat = buf.sum(1)
+    y = F.linear(rms_norm(y_lat, w.routed_expert_norm, eps).to(x.dtype), w.routed_expert_up_proj)
+    return y + situ_mlp(w.shared, x, beta, linear_beta)
+
+
+def check_finite(name: str, t: torch.Tensor) -> None:
+    """Raise a clear error when a tensor holds NaN or inf (used by the decode loop on logits).
+
+    Raises:
+        FloatingPointError: ``t`` is not finite.
+    """
+    if not bool(torch.isfinite(t).all()):
+        raise FloatingPointError(f"{name}: non-finite values ({int((~torch.isfinite(t)).sum())} of {t.numel()}).")
+
+
+__all__ = [
+    "KDAState", "KDAWeights", "LatentMoEWeights", "MLACache", "MLAWeights", "MLPWeights", "RoutingSettings",
+    "attn_res_mix", "check_finite", "dispatch_rows", "kda_forward", "kda_gate", "kda_recurrence", "latent_moe",
+    "mla_forward", "rms_norm", "route", "situ_glu", "situ_mlp",
+]
