@@ -27,9 +27,9 @@ from k3_model.dispatch import forward_context, record_trace
 from k3_model.layers import check_finite
 from k3_model.model import K3Cache, K3Model
 
-DEFAULT_PREFILL_CHUNK = 64
+DEFAULT_PREFILL_CHUNK = 512
 """Prompt tokens per prefill forward (tokens); the KDA state and conv window are handed over between chunks."""
-DEFAULT_PAGE_TOKENS = 64
+DEFAULT_PAGE_TOKENS = 256
 """MLA cache growth unit (tokens)."""
 
 

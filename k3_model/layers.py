@@ -239,16 +239,25 @@ def kda_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     Source: k3_architecture.md §4.2; kernel_targets.md §5.1 (``S = (I - b k k^T) Diag(e^g) S + b k v^T``
     in K-first form).
     """
-    T = q.shape[1]
-    outs = []
-    decay = torch.exp(g.float())
+    B, T, nh, K = k.shape
+    Vd = v.shape[-1]
+    if not S.is_contiguous():
+        raise ValueError("kda_recurrence: the state must be contiguous (it is updated in place through a view).")
+    Sf = S.view(B * nh, Vd, K)
+    tm = lambda x: x.float().transpose(0, 1).reshape(T, B * nh, *x.shape[3:])  # noqa: E731  (T, B*nh, ...)
+    kt, qt, vt = tm(k), tm(q), tm(v)
+    decay = torch.exp(tm(g)).unsqueeze(2)  # (T, BH, 1, K)
+    bt = beta.float().transpose(0, 1).reshape(T, B * nh, 1)
+    kq = torch.stack([kt, qt], dim=-1)  # (T, BH, K, 2): one matmul gives S k and S q
+    k_dot_q = (kt * qt).sum(-1, keepdim=True)  # (T, BH, 1)
+    out = torch.empty(T, B * nh, Vd, dtype=torch.float32, device=S.device)
     for t in range(T):
-        kt, qt = k[:, t].float(), q[:, t].float()
-        S.mul_(decay[:, t].unsqueeze(-2))
-        u = beta[:, t].float().unsqueeze(-1) * (v[:, t].float() - torch.einsum("bhvk,bhk->bhv", S, kt))
-        S.add_(u.unsqueeze(-1) * kt.unsqueeze(-2))
-        outs.append(torch.einsum("bhvk,bhk->bhv", S, qt))
-    return torch.stack(outs, dim=1)
+        Sf.mul_(decay[t])  # decay the key channels
+        sk_sq = torch.bmm(Sf, kq[t])  # (BH, V, 2): S k, S q with the decayed S
+        u = bt[t] * (vt[t] - sk_sq[..., 0])  # delta rule
+        out[t] = sk_sq[..., 1] + u * k_dot_q[t]  # (S + u k^T) q
+        Sf.baddbmm_(u.unsqueeze(-1), kt[t].unsqueeze(1))  # S += u k^T
+    return out.view(T, B, nh, Vd).transpose(0, 1)
 
 
 def kda_forward(w: KDAWeights, x: torch.Tensor, state: KDAState, *, heads: int, head_dim: int,
