@@ -109,6 +109,27 @@ def _perf_case(fn, fc, rt, req, case):
     }
 
 
+def _model_eval(req):
+    """Run the standalone K3-mini decode loop (``k3_model.decode.generate``) once; see guards/model_eval.py."""
+    import torch
+
+    from k3_model.decode import generate
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+    from k3_model.model import K3Model, random_weights
+
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=torch.float32, device=req["device"])
+    s = req["settings"]
+    res = generate(model, req["prompts"], s["generate_tokens"], decode_backend=req["decode_backend"],
+                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])
+    mla = [c for c in res.cache.layers if hasattr(c, "pages_allocated")]
+    return {"tokens": res.tokens, "logprobs": res.logprobs, "argmax": res.argmax, "margin": res.margin,
+            "implementations": {ph: res.implementation_counts(ph) for ph in ("prefill", "decode")},
+            "forward_calls": {ph: sum(1 for st in res.steps if st["phase"] == ph) for ph in ("prefill", "decode")},
+            "mla_pages": mla[0].pages_allocated if mla else 0, "context_tokens": res.cache.length,
+            "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
+
+
 def main() -> int:
     worktree, req_path, resp_path = sys.argv[1:4]
     sys.path.insert(0, worktree)
@@ -121,13 +142,16 @@ def main() -> int:
 
         mod_name, fn_name = req["target"].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
-        scope = declared_scope(req["op"])
+        standard_only = req["mode"] == "model_eval" and req["decode_backend"] == "standard"
+        scope = None if standard_only else declared_scope(req["op"])  # standard runs never import kernel code
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
         if req["mode"] == "correctness":
             for case in req["cases"]:
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
+        elif req["mode"] == "model_eval":
+            response["model_eval"] = _model_eval(req)
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))

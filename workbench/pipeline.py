@@ -28,9 +28,10 @@ def default_guards() -> list[Guard]:
     from guards.activation import ActivationGuard
     from guards.correctness import CorrectnessGuard
     from guards.isolation import IsolationGuard
+    from guards.model_eval import ModelEvalGuard
     from guards.perf import PerfGuard
 
-    return [IsolationGuard(), CorrectnessGuard(), ActivationGuard(), PerfGuard()]
+    return [IsolationGuard(), CorrectnessGuard(), ActivationGuard(), ModelEvalGuard(), PerfGuard()]
 
 
 def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
