@@ -53,6 +53,7 @@ def write_checkpoint(out_dir: str | Path, *, config: str = "k3_mini", seed: int 
     if config not in CONFIGS:
         raise ValueError(f"write_checkpoint: unknown config {config!r}; known: {', '.join(CONFIGS)}.")
     data = CONFIGS[config]()
+    data["k3_workbench"] = {"generator": "k3_model.generate", "config": config, "weights_seed": seed}
     cfg = parse_hf_config(data)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,7 @@ def write_checkpoint(out_dir: str | Path, *, config: str = "k3_mini", seed: int 
     paths.append(p)
     tensors = random_weights(cfg, seed)
     p = out / WEIGHTS_FILE
-    save_file(tensors, str(p), metadata={"format": "pt", "seed": str(seed), "config": config})
+    save_file(tensors, str(p), metadata={"format": "pt"})  # one key: the header's key order is then fixed
     paths.append(p)
     if with_tokenizer:
         tok = build_tokenizer(cfg.text_config.vocab_size)
