@@ -1,0 +1,107 @@
+"""Model-eval guard: settings and declared limits, PASS on the good fixture, SKIP when the model does not
+use the op, and the measurements behind the drift bound (the bad fixture is judged end to end in
+tests/workbench/test_fixtures_e2e.py with the default, long settings)."""
+
+import shutil
+import types
+
+import pytest
+import torch
+
+from guards.base import GuardContext
+from guards.model_eval import ModelEvalGuard, ModelEvalSettings
+from guards.verdict import Status
+from tests.conftest import REPO_ROOT
+from workbench.taskspec import load_task
+
+SMALL = ModelEvalSettings(batch=2, context_tokens=80, generate_tokens=48, prefill_chunk=32, page_tokens=32)
+GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
+
+
+def _worktree(tmp_path, overlay=None):
+    wt = tmp_path / "wt"
+    shutil.copytree(REPO_ROOT / "k3_model", wt / "k3_model", ignore=shutil.ignore_patterns("__pycache__"))
+    if overlay is not None:
+        shutil.copytree(overlay, wt, dirs_exist_ok=True)
+    return wt
+
+
+def _ctx(tmp_path, wt, task=None):
+    task = task or load_task(REPO_ROOT, "k3_moe_dispatch")
+    return GuardContext(task=task, repo_root=REPO_ROOT, worktree=wt, base_commit="0" * 40,
+                        candidate_commit="1" * 40, device="cpu", seed=1234)
+
+
+def test_defaults_are_long_and_cross_the_declared_limits():
+    s = ModelEvalSettings()
+    s.validate()
+    assert s.context_tokens >= 2000 and s.generate_tokens >= 200
+    assert s.context_tokens // s.prefill_chunk >= 4  # KDA state handed over between >= 4 chunks
+    assert -(-(s.context_tokens + s.generate_tokens) // s.page_tokens) > s.context_tokens // s.page_tokens
+    assert ModelEvalSettings.from_env({"WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS": "4096"}).context_tokens == 4096
+    with pytest.raises(ValueError, match="CONTEXT_TOKENS='x': expected a int"):
+        ModelEvalSettings.from_env({"WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS": "x"})
+    with pytest.raises(ValueError, match="must exceed prefill_chunk"):
+        ModelEvalSettings(context_tokens=512).validate()
+    with pytest.raises(ValueError, match="decode must cross a page"):
+        ModelEvalSettings(context_tokens=2048, generate_tokens=100, page_tokens=4096).validate()
+
+
+def test_good_fixture_passes_with_tiny_drift(tmp_path):
+    v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, _worktree(tmp_path, GOOD)))
+    assert v.status is Status.PASS, v.summary
+    ev = {e.name: e.value for e in v.evidence}
+    assert ev["greedy_mismatches"] == 0 and ev["max_logprob_drift"] < 1e-4
+    assert ev["candidate_decode_calls"] == 8 * (SMALL.generate_tokens - 1)  # 8 MoE layers per decode step
+    assert ev["mla_cache_pages"] == 4 and ev["kda_prefill_chunks"] == 3
+
+
+def test_no_merged_kernel_or_unused_op_is_skip(tmp_path):
+    wt = _worktree(tmp_path)
+    v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt))
+    assert v.status is Status.SKIP and "never ran inside the model" in v.summary
+    task = load_task(REPO_ROOT, "k3_moe_dispatch").model_copy(update={"op": "kda_decode"})
+    v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt, task))
+    assert v.status is Status.SKIP and "never calls op 'kda_decode'" in v.summary
+
+
+def _drift(rel_error: float) -> float:
+    """Max log-prob drift when every routing weight of every decode MoE call is off by +-rel_error."""
+    from k3_model import dispatch
+    from k3_model.decode import generate
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+    from k3_model.model import K3Model, random_weights
+    from k3_model.ops.moe_dispatch import moe_route_dispatch_standard
+
+    gen = torch.Generator().manual_seed(5)
+
+    def perturbed(*a, **kw):
+        moe_route_dispatch_standard(*a, **kw)
+        w = kw["topk_weights"]
+        w.mul_(1 + rel_error * (torch.randint(0, 2, w.shape, generator=gen) * 2 - 1))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small ops: a thread pool is 10x slower on a shared 2-core box
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, 1))
+    prompts = torch.randint(0, 3840, (2, 64), generator=torch.Generator().manual_seed(0))
+    std = generate(model, prompts, 64)
+    saved = dispatch._MODULES.get("moe_dispatch", "absent")
+    dispatch._MODULES["moe_dispatch"] = types.SimpleNamespace(
+        SCOPE=dispatch.OpScope(devices=("cpu",)), moe_route_dispatch=perturbed, __file__="perturbed")
+    try:
+        cand = generate(model, prompts, 64, decode_backend="latency_specialized", forced=std.tokens)
+    finally:
+        torch.set_num_threads(threads)
+        if saved == "absent":
+            dispatch._MODULES.pop("moe_dispatch", None)
+        else:
+            dispatch._MODULES["moe_dispatch"] = saved
+    assert cand.implementation_counts("decode") == {"moe_dispatch:latency_specialized": 8 * 63}
+    return float((cand.logprobs - std.logprobs).abs().max())
+
+
+def test_drift_bound_sits_between_kernel_tolerance_and_real_errors():
+    bound = ModelEvalSettings().max_logprob_drift
+    assert _drift(1e-5) < bound / 4  # the kernel tests' weight tolerance (rtol 1e-5) stays far inside
+    assert _drift(1e-3) > bound  # 100x the kernel tolerance is caught
