@@ -34,6 +34,7 @@ shared/reference/k3_architecture.md §4 (forward), §7.2 (``additional_config`` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any, Iterable
@@ -49,7 +50,7 @@ from vllm.model_executor.layers.linear import ColumnParallelLinear
 
 from k3_model.config import DECODE_BACKENDS
 from k3_model.dispatch import forward_context, record_trace
-from k3_model.hf_config import K3HFConfig, K3TextConfig, load_hf_config
+from k3_model.hf_config import K3HFConfig, K3TextConfig, load_hf_config, parse_hf_config
 from k3_model.layers import (
     KDAState,
     KDAWeights,
@@ -84,7 +85,17 @@ def _k3_config(vllm_config: VllmConfig) -> K3HFConfig:
             f"K3ForCausalLM: model {str(path)!r} is not a local checkpoint folder with config.json; "
             "generate one with `python -m k3_model.generate --out DIR` and pass --model DIR."
         )
+    data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if data.get("model_type") == "kimi_linear":
+        return parse_hf_config(wrap_text_config(data), where=str(path / "config.json"))
     return load_hf_config(path)
+
+
+def wrap_text_config(text: dict[str, Any]) -> dict[str, Any]:
+    """A flat ``kimi_linear`` config (the draft's) as the ``kimi_k3`` config k3_model parses."""
+    top = {k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in text}
+    return {"architectures": text.get("architectures", ["K3ForCausalLM"]), "model_type": "kimi_k3",
+            "tie_word_embeddings": False, **top, "text_config": dict(text)}
 
 
 def resolve_decode_backend(additional_config: Any, hf_config: Any) -> str:
