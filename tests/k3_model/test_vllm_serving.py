@@ -126,7 +126,7 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-PROMPTS = ["def foo(x):\n    return", "hello world", "class Node:\n    def __init__(self"]
+PROMPTS = ["def foo(x):\n    return", "hello world", "x = 1\n" * 20]  # the last repeats: ngram always drafts
 GREEDY = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
 
 
