@@ -7,13 +7,13 @@ What runs where:
   projections, the NoPE split (``k_pe`` is never rotated: no rotary embedding is passed), and the
   sigmoid output gate are k3_model's; the absorbed ``kv_b_proj`` lives in a vLLM ``ColumnParallelLinear``
   because ``MLAAttention`` packs it itself.
-* **KDA layers** run k3_model's :func:`~k3_model.layers.kda_forward` over vLLM's Mamba-style state
-  cache: each KDA layer is a ``MambaBase`` layer with two states per block, the conv window
-  ``(3, P, C-1)`` and the recurrent state ``(nh, d, d)``, both float32, and uses vLLM's GDN metadata
-  builder (state slot per request, ``has_initial_state``, and for speculative verification one slot per
-  verified token plus ``num_accepted_tokens``). A verified row starts from the slot of its last
-  accepted token and writes the state after each of its tokens into that token's slot, so rejected
-  drafts are rolled back by the next step's choice of slot.
+* **KDA layers** run k3_model's :func:`~k3_model.layers.kda_forward` with their recurrent and conv state
+  kept by the plugin (:class:`K3KDALayer`), keyed by the request's first KV block id, as snapshots
+  indexed by tokens processed. vLLM's Mamba-style state cache cannot host them on this CPU build: as a
+  hybrid model, vLLM raises the attention block size to 128 so one attention page holds one KDA state
+  page, and CPU_MLA accepts only 16 (``ValueError: Aligned KV cache block size 128 is not supported by
+  attention backend(s): CPU_MLA.``). Speculative verification rows keep one snapshot per token, so
+  rejected drafts are rolled back when the next step resumes from an earlier position.
 * **AttnRes, LatentMoE (routing through the dispatcher's ``moe_route_dispatch`` op), SiTU MLPs, norms,
   embedding and head** are k3_model's functions on the flat ``(N, H)`` token rows vLLM hands over.
 
@@ -24,7 +24,7 @@ it) or ``--hf-overrides '{"decode_backend": ...}'``. Every forward step is class
 inside their declared scope; the per-step decisions go to the trace (:mod:`k3_model.vllm_plugin.trace`).
 
 Limits on vLLM's CPU build (found by running it; see README "Serving K3-mini through vLLM"):
-prefix caching must stay off (KDA state is not prefix-cacheable here); expert and pipeline parallelism
+prefix caching must stay off (the plugin's KDA state has no prefix cache); expert and pipeline parallelism
 crash in vLLM itself; the model runs eagerly (no ``torch.compile``: Python-level dispatch per step).
 
 Source: shared/reference/vllm_cpu.md §4 (plugin API, metadata facts), §5 (spec decoding);
