@@ -393,6 +393,9 @@ def clean_worktrees(repo_root: Path, *, delete_branches: bool = False) -> tuple[
         with git_lock(root):
             for head in list(repo.heads):
                 if head.name.startswith("wb/") and head.name not in keep and head.name != repo.active_branch.name:
-                    repo.git.branch("-D", head.name)
-                    deleted += 1
+                    try:
+                        repo.git.branch("-D", head.name)
+                        deleted += 1
+                    except git.GitCommandError:  # checked out in another worktree: leave it
+                        continue
     return removed, deleted
