@@ -173,7 +173,7 @@ class ModelEvalGuard:
         if cand is None:
             why = cand_out.problem or str((cand_out.response or {}).get("error", "")).strip().splitlines()[0]
             return Verdict(guard=self.name, status=Status.FAIL,
-                           summary=f"The model with the candidate's kernel did not complete: {why}.",
+                           summary=f"The model with the candidate's kernel did not complete: {why.rstrip('.')}.",
                            evidence=(Evidence(name="child_problem", value=why),
                                      Evidence(name="child_error", value=str((cand_out.response or {}).get("error"))[-2000:]),
                                      Evidence(name="stderr_tail", value=cand_out.stderr_tail[-1500:]), *base_ev))

@@ -37,7 +37,7 @@ def test_scripted_agent_iterates_via_cli(repo):
     assert (status["isolation"], status["correctness"], status["activation"]) == ("PASS", "PASS", "PASS"), proc.stdout
     assert proc.returncode == (0 if final.accepted else 1), proc.stdout + proc.stderr
     assert final.accepted or status["perf"] == "FAIL"
-    assert final.candidate.agent == "command:python attempt 2/2"
+    assert final.candidate.agent == f"command:{Path(sys.executable).name} attempt 2/2"
     record = json.loads((repo / ".workbench/runs" / f"k3_moe_dispatch-{final.candidate.branch.rsplit('/', 1)[1]}.json").read_text())
     a1, a2 = record["attempts"]
     assert (a1["accepted"], a2["accepted"]) == (False, final.accepted)

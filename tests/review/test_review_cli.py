@@ -23,7 +23,8 @@ def test_run_and_verify_queue_accepted_results(repo, monkeypatch, command):
     result = read_result(repo.accepted)
     monkeypatch.setattr(pipeline, "run_candidate", lambda *a, **k: (result, repo.accepted))
     opt = "--candidate" if command == "run" else "--branch"
-    out = runner.invoke(app, [command, "k3_moe_dispatch", opt, "x", "--repo", str(repo.root)], env={"WORKBENCH_DB": ""})
+    source = "x" if command == "run" else result.candidate.candidate_commit  # verify resolves its branch first
+    out = runner.invoke(app, [command, "k3_moe_dispatch", opt, source, "--repo", str(repo.root)], env={"WORKBENCH_DB": ""})
     assert out.exit_code == 0, out.output
     assert out.stdout.strip().splitlines()[-1] == str(repo.accepted)  # the last stdout line stays the result path
     assert "review queue: queued as #1" in out.stderr
