@@ -249,8 +249,9 @@ def _cpu_wall_call_us(fn: Callable[[], object], side: SideTiming) -> None:
 class _CudaTimer:
     """Events reused across calls; one pending set per call, read after the device-wide sync."""
 
-    def __init__(self, flush: bool) -> None:
+    def __init__(self, flush: bool, before_call: Callable[[], object] | None = None) -> None:
         self.flush = flush
+        self.before_call = before_call
 
     def __call__(self, fn: Callable[[], object], side: SideTiming) -> None:
         start = torch.cuda.Event(enable_timing=True)
@@ -261,6 +262,8 @@ class _CudaTimer:
             # idle device at ``start``: an eager call's host launch overhead stays inside the window
             # (otherwise it would hide behind the flush still running on the GPU)
             torch.cuda.synchronize()
+        if self.before_call is not None:  # last, so ranks leave it together and start their windows together
+            self.before_call()
         start.record()
         fn()
         stop.record()  # the window closes on the timing stream: no host sync inside it
@@ -327,8 +330,9 @@ def time_pair(
             torch.cuda.synchronize()
     if cpu_timer not in ("thread", "wall"):
         raise ValueError(f"time_pair: cpu_timer {cpu_timer!r} is not thread or wall.")
-    base_timer = _CudaTimer(flush_l2) if device == "cuda" else (_cpu_call_us if cpu_timer == "thread" else _cpu_wall_call_us)
-    if before_call is None:
+    base_timer = _CudaTimer(flush_l2, before_call) if device == "cuda" else (
+        _cpu_call_us if cpu_timer == "thread" else _cpu_wall_call_us)
+    if before_call is None or device == "cuda":
         timer = base_timer
     else:
         def timer(fn: Callable[[], object], side: SideTiming) -> None:
