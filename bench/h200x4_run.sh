@@ -21,10 +21,11 @@ cp "$(ls -t .workbench/results/*.json | head -1)" "$OUT/k3_allreduce_rmsnorm_tri
 stage bench
 timeout ${BENCH_TIMEOUT:-300} python3 -m workbench bench k3_allreduce_rmsnorm --candidate "$CAND" --out "$OUT" \
   --world-size 2 --world-size 4 --repetitions ${REPS:-100}
-for f in "$OUT"/.k3_allreduce_rmsnorm_tp*_rank0.log; do [ -f "$f" ] && tail -3 "$f"; done
 if [ -f bench/h200_exploits.sh ] && [ -z "${SKIP_EXPLOITS:-}" ]; then
-  stage exploits on GPU 0
-  CUDA_VISIBLE_DEVICES=0 timeout ${EXPLOIT_TIMEOUT:-360} bash bench/h200_exploits.sh
+  stage exploits on GPU 0   # at most 8 files come back: the exploit outputs travel as one archive
+  mkdir -p /tmp/exploits_out
+  OUT=/tmp/exploits_out CUDA_VISIBLE_DEVICES=0 timeout ${EXPLOIT_TIMEOUT:-360} bash bench/h200_exploits.sh
+  tar -C /tmp/exploits_out -czf "$OUT/exploits_h200.tar.gz" .
 fi
 stage done
 ls -la "$OUT"

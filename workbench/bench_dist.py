@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,7 +65,7 @@ def run_bench_distributed(root: Path, task, worktree: Path, *, candidate: str | 
                     "batches": list(batches), "workload": workload or task.perf.workloads[0],
                     "repetitions": repetitions, "out": str(out), "candidate": candidate,
                     "rank": rank, "world": world, "init": init}
-            log = open(out_dir / f".{task.task_id}_tp{world}_rank{rank}.log", "w+")
+            log = tempfile.TemporaryFile("w+")  # not in out_dir: result folders hold results only
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, "-m", "workbench.bench_dist", json.dumps(args)],
                                           cwd=str(worktree), env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -182,7 +183,8 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
         slowest = {v: [max(xs) for xs in zip(*(e[v] for e in everyone))] for v in VARIANTS}
         if rank == 0:
             med = stats.median
-            nbytes = int(sides["kernel"]["x"].numel() * sides["kernel"]["x"].element_size())
+            main_in = sides["kernel"][task.scope.dtype_input]
+            nbytes = int(main_in.numel() * main_in.element_size())
             row = {"batch": int(T), "world_size": world, "axes": axes, "samples_us": slowest,
                    **{f"{v}_us": med(slowest[v]) for v in VARIANTS}}
             row["speedup_vs_graph"] = row["standard_graph_us"] / row["kernel_graph_us"]
