@@ -30,8 +30,8 @@ def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> 
         ``x``: bf16 [T, D] normalised output; ``residual``: bf16 [T, D] R'.
     """
     x, res, w = inputs["x"].cpu(), inputs["residual"].cpu(), inputs["weight"].cpu()
-    acc = torch.zeros(x.shape[1:], dtype=torch.float32)
-    for r in range(x.shape[0]):  # rank order, fp32
+    acc = x[0].float()
+    for r in range(1, x.shape[0]):  # rank order, fp32 (IEEE: -0.0 + -0.0 stays -0.0)
         acc = acc + x[r].float()
     a = acc.to(res.dtype)
     r_new = (a.float() + res.float()).to(res.dtype)
