@@ -161,6 +161,11 @@ class PerfGuard:
         claimed = ctx.artifacts.get("scope")
         if claimed is None:
             raise RuntimeError("perf guard needs the declared scope from the correctness guard")
+        if ctx.device not in task.perf.devices:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary=f"Performance of this task is judged on {', '.join(task.perf.devices)} only, "
+                                   f"not {ctx.device}: {task.perf.devices_reason.rstrip('.')}.",
+                           evidence=(Evidence(name="perf_devices", value=", ".join(task.perf.devices)),))
         dtype = task.inputs[task.scope.dtype_input].dtype
         cases, claimed_flags = [], {}
         for name in task.perf.workloads:

@@ -264,6 +264,10 @@ class PerfSpec(_Frozen):
         source: where the thresholds come from.
         cuda: settings calibrated on a GPU (A/A false alarms, planted-slowdown power), used instead
             of ``max_regression_pct`` and ``alpha`` when the guard runs on CUDA.
+        devices: devices on which performance is judged (default both); elsewhere the perf guard SKIPs
+            and says why (``devices_reason``).
+        devices_reason: why performance is not judged on the other devices (required when ``devices``
+            leaves one out).
     """
 
     workloads: tuple[str, ...] = Field(min_length=1)
@@ -275,6 +279,14 @@ class PerfSpec(_Frozen):
     alpha: float = Field(default=0.01, gt=0.0, lt=0.5)
     source: str = Field(min_length=3)
     cuda: PerfDeviceSpec | None = None
+    devices: tuple[Literal["cpu", "cuda"], ...] = ("cpu", "cuda")
+    devices_reason: str = ""
+
+    @model_validator(mode="after")
+    def _devices_reason(self) -> "PerfSpec":
+        if set(self.devices) != {"cpu", "cuda"} and len(self.devices_reason) < 10:
+            raise ValueError(f"perf.devices {list(self.devices)} leaves a device out; say why in perf.devices_reason")
+        return self
 
     def regression_test(self, device: str) -> tuple[float, float]:
         """``(max_regression_pct, alpha)`` for ``device`` (the calibrated CUDA pair where given)."""
