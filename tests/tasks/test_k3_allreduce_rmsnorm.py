@@ -57,6 +57,10 @@ def _write_spec(tmp_path: Path, edit) -> Path:
      "names 'y', which is not an output"),
     (lambda s: s.replace("tp_sizes = [1, 2, 4, 8]", "tp_sizes = [1, 2, 4]"), "world size W = 8 is outside"),
     (lambda s: s.replace('world_size_axis = "W"', 'world_size_axis = "Q"'), "world_size_axis 'Q' is not in [axes]"),
+    (lambda s: "\n".join(l for l in s.splitlines() if not l.startswith("devices_reason")),
+     "leaves a device out; say why in perf.devices_reason"),
+    (lambda s: s.replace('shape = ["T", "D"]\ndtype = "bfloat16"\nper_rank = true', 'shape = ["T", "D"]\ndtype = "bfloat16"\ninplace = true', 1),
+     "'inplace' applies to outputs only"),
 ])
 def test_spec_rejects_inconsistent_distributed_fields(tmp_path, edit, message):
     with pytest.raises(TaskSpecError) as err:
