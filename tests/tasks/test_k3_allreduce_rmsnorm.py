@@ -242,3 +242,27 @@ def test_triton_kernel_math_matches_the_reference_under_the_interpreter(tmp_path
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "MISMATCHES []" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.gpu
+def test_triton_kernel_on_the_gpu_matches_the_reference():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import importlib.util
+
+    kernel = TASK.root / "fixtures/good/triton-nccl-cuda/k3_model/kernels/allreduce_rmsnorm/__init__.py"
+    spec = importlib.util.spec_from_file_location("_ar_kernel_gpu", kernel)
+    kern = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kern)
+    for case, W, T in [("realistic", 4, 64), ("accumulation_trap", 8, 16), ("nan_inf", 4, 4), ("negative_zero", 2, 33),
+                       ("large_magnitude", 4, 8), ("zero_rows", 2, 6)]:
+        d = ar_inputs.make_inputs({"W": W, "T": T, "D": 7168}, 5, case)
+        want = ar_ref.reference(d, EPS)
+        parts = d["x"].reshape(W * T, 7168).cuda()
+        res, x = d["residual"].cuda(), torch.empty(T, 7168, dtype=torch.bfloat16, device="cuda")
+        block, warps = kern._launch_cfg(7168)
+        kern._reduce_add_norm[(T,)](parts, res, d["weight"].cuda(), x, 0, T, 7168, 1e-5, W=W, NORM=True,
+                                    BLOCK=block, num_warps=warps)
+        assert ar_ref.check(d, EPS, {"x": x.cpu(), "residual": res.cpu()}, want, TOL) == [], case
+        if case != "nan_inf":
+            assert same_bits(res.cpu(), want["residual"]), case  # one rounding each, as the reference
