@@ -43,10 +43,32 @@ def _decisions(trace):
     return [d.to_dict() for d in trace.decisions]
 
 
+_TP = {"size": 1}
+"""TP world size of this child's group (set by ``main`` from the request's ``dist`` entry)."""
+
+
 def _call(fn, forward_context, record_trace, backend, phase, inputs, outs, kwargs):
-    with record_trace() as trace, forward_context(decode_backend=backend, phase=phase):
+    with record_trace() as trace, forward_context(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
         fn(**inputs, **kwargs, **outs)
     return trace
+
+
+def _barrier():
+    """Line the ranks up before a call (no-op without a process group)."""
+    if _TP["size"] > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _buffers(specs, device):
+    """Poisoned output buffers for the outputs that are not written in place into an input."""
+    return {k: _poisoned(s, device) for k, s in specs.items() if not s.get("inplace")}
+
+
+def _read_outputs(specs, outs, inputs):
+    """Every output after a call: its buffer, or for an in-place output the input it overwrote."""
+    return {k: (inputs[k] if s.get("inplace") else outs[k]).detach().to("cpu").clone() for k, s in specs.items()}
 
 
 def _correctness_case(fn, fc, rt, req, case):
@@ -57,8 +79,9 @@ def _correctness_case(fn, fc, rt, req, case):
     results = []
 
     def one(inputs, label):
-        outs = {k: _poisoned(s, device) for k, s in case["outputs"].items()}
+        outs = _buffers(case["outputs"], device)
         rec = {"label": label, "error": None, "trace": []}
+        _barrier()
         threads_before = _active_threads()
         try:
             trace = _call(fn, fc, rt, backend, case["phase"], inputs, outs, case["kwargs"])
@@ -71,7 +94,7 @@ def _correctness_case(fn, fc, rt, req, case):
                                 "Python thread(s) still running (deferred work is not allowed)")
         if device == "cuda":
             torch.cuda.synchronize()
-        rec["outputs"] = {k: v.detach().to("cpu").clone() for k, v in outs.items()}
+        rec["outputs"] = _read_outputs(case["outputs"], outs, inputs)
         rec["inputs_after"] = {k: v.detach().to("cpu").clone() for k, v in inputs.items()}
         return rec
 
@@ -98,10 +121,14 @@ def _perf_case(fn, fc, rt, req, case):
 
     device = req["device"]
     rotation = case.get("rotation") or [case["inputs_a"]]
-    sets = [{k: v.to(device).clone() for k, v in r.items()} for r in rotation]
+    inplace = any(s.get("inplace") for s in case["outputs"].values())
+    # an op that writes into its inputs gets one input set per side, so neither side reads the other's results
+    side_sets = {side: [{k: v.to(device).clone() for k, v in r.items()} for r in rotation]
+                 for side in (("baseline", "candidate") if inplace else ("baseline",))}
+    side_sets.setdefault("candidate", side_sets["baseline"])
+    sets = side_sets["baseline"]
     n = len(sets)
-    outs = {side: [{k: _poisoned(s, device) for k, s in case["outputs"].items()} for _ in range(n)]
-            for side in ("baseline", "candidate")}
+    outs = {side: [_buffers(case["outputs"], device) for _ in range(n)] for side in ("baseline", "candidate")}
     kw = case["kwargs"]
     phase = case["phase"]
     base_mod = req.get("_baseline_module")  # the base commit's merged kernel, loaded by main()
@@ -109,12 +136,14 @@ def _perf_case(fn, fc, rt, req, case):
     traces = {}
     for side, backend in (("baseline", base_backend), ("candidate", req["decode_backend"])):
         with _baseline_kernel(req["op"], base_mod if side == "baseline" else None):
-            traces[side] = _decisions(_call(fn, fc, rt, backend, phase, sets[0], outs[side][0], kw))
+            probe = {k: v.clone() for k, v in side_sets[side][0].items()} if inplace else side_sets[side][0]
+            _barrier()
+            traces[side] = _decisions(_call(fn, fc, rt, backend, phase, probe, outs[side][0], kw))
     calls = {"baseline": 0, "candidate": 0}
     wall_ns = {"baseline": [], "candidate": []}
 
     def make(side, backend):
-        side_outs, side_wall = outs[side], wall_ns[side]
+        side_outs, side_wall, side_in = outs[side], wall_ns[side], side_sets[side]
 
         import k3_model.dispatch as d
 
@@ -125,8 +154,8 @@ def _perf_case(fn, fc, rt, req, case):
             i = calls[side] % n
             calls[side] += 1
             t0 = _clock_ns()
-            with _baseline_kernel(req["op"], swap), fc(decode_backend=backend, phase=phase):
-                fn(**sets[i], **kw, **side_outs[i])
+            with _baseline_kernel(req["op"], swap), fc(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
+                fn(**side_in[i], **kw, **side_outs[i])
             side_wall.append(_clock_ns() - t0)
         return run
 
@@ -134,6 +163,7 @@ def _perf_case(fn, fc, rt, req, case):
     a, b, wall = time_interleaved(
         make("baseline", base_backend), make("candidate", req["decode_backend"]), device=device,
         warmup=req["perf"]["warmup"], repetitions=req["perf"]["repetitions"], details=details,
+        cpu_timer="wall" if _TP["size"] > 1 else "thread", before_call=_barrier if _TP["size"] > 1 else None,
     )
     if device == "cuda":  # the physical floor of this configuration (kernels/timing.py)
         import torch
@@ -157,7 +187,8 @@ def _perf_case(fn, fc, rt, req, case):
         "rotation": n,
         "baseline_wall_us": [x / 1e3 for x in wall_ns["baseline"]],
         "candidate_wall_us": [x / 1e3 for x in wall_ns["candidate"]],
-        "candidate_outputs": [{k: v.detach().to("cpu").clone() for k, v in o.items()} for o in outs["candidate"]],
+        "candidate_outputs": [_read_outputs(case["outputs"], o, side_sets["candidate"][j])
+                              for j, o in enumerate(outs["candidate"])],
     }
 
 
@@ -275,6 +306,30 @@ def _model_eval(req):
             "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
 
 
+def _init_group(d, device):
+    """Join the request's process group: rank ``d['rank']`` of ``d['world_size']``; GPU = rank on CUDA."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(d["rank"])
+    dist.init_process_group(d["backend"], init_method=d["init_method"], rank=d["rank"],
+                            world_size=d["world_size"], timeout=datetime.timedelta(seconds=d["timeout_s"]))
+    _TP["size"] = d["world_size"]
+
+
+def _end_group():
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # a broken group at exit changes nothing the parent reads
+        pass
+
+
 def main() -> int:
     worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process
@@ -284,7 +339,11 @@ def main() -> int:
     os.unlink(req_path)  # the seeds' inputs stay in memory only
     sys.path.insert(0, worktree)
     response = {"ok": False, "error": None, "scope": None, "cases": [], "perf": []}
+    dist_req = req.get("dist")
     try:
+        if dist_req:  # join the TP group before any candidate code is imported
+            _init_group(dist_req, req["device"])
+            response["rank"] = dist_req["rank"]
         from k3_model.dispatch import declared_scope, forward_context, record_trace
 
         mod_name, fn_name = req["target"].split(":")
@@ -313,6 +372,8 @@ def main() -> int:
         response["ok"] = True
     except Exception as exc:
         response["error"] = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=8)[-3000:]
+    if dist_req:
+        _end_group()
     _send(resp_fd, nonce, response)
     return 0
 

@@ -66,6 +66,12 @@ class ActivationGuard:
         if untested and not excess:
             excess = [f"devices {untested} were not judged in this run (device {ctx.device}); a scope must equal what "
                       f"was tested: drop them from SCOPE, or ship one kernel per device and judge each there"]
+        tested_tp = set(ctx.artifacts.get("tested_tp_sizes", [1]))
+        untested_tp = sorted(set(claimed.get("tp_sizes", ())) - tested_tp)
+        if untested_tp and not excess:
+            excess = [f"tp_sizes {untested_tp} were not judged in this run (world sizes tested on {ctx.device}: "
+                      f"{sorted(tested_tp)}); a scope must equal what was tested: drop them from SCOPE, or judge "
+                      f"the kernel on a machine with enough GPUs"]
         if excess:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
@@ -90,7 +96,8 @@ class ActivationGuard:
         for case in ctx.artifacts["cases"]:
             batch = case["axes"][task.scope.batch_axis]
             phase = next((c.workload.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
-            expect = LS if claims(claimed, phase=phase, batch=batch, device=ctx.device, dtype=dtype) else "standard"
+            expect = LS if claims(claimed, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
+                                  tp=case.get("world_size", 1)) else "standard"
             expected_ls += expect == LS
             seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls
                     if d.get("op") == task.op]

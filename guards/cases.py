@@ -62,20 +62,32 @@ class Case:
     kwargs: dict[str, Any]
     output_specs: dict[str, dict[str, Any]]
 
+    world_size: int = 1
+    per_rank: tuple[str, ...] = ()
+
     @property
     def name(self) -> str:
         return self.workload.name
 
-    def request_entry(self) -> dict[str, Any]:
-        """The form the child reads."""
+    def request_entry(self, rank: int = 0) -> dict[str, Any]:
+        """The form the child of TP rank ``rank`` reads (per-rank inputs sliced to that rank's tensor)."""
         return {
             "name": self.name,
             "phase": self.workload.phase,
             "kwargs": self.kwargs,
-            "inputs_a": self.inputs_a,
-            "inputs_b": self.inputs_b,
+            "inputs_a": rank_inputs(self.inputs_a, self.per_rank, rank),
+            "inputs_b": rank_inputs(self.inputs_b, self.per_rank, rank),
             "outputs": self.output_specs,
+            "world_size": self.world_size,
         }
+
+
+def rank_inputs(inputs: dict[str, Any], per_rank: tuple[str, ...], rank: int) -> dict[str, Any]:
+    """The inputs one TP rank sees: ``per_rank`` tensors (stacked ``[W, ...]``) sliced to ``[rank]``.
+
+    The slices are contiguous copies, so ranks never share storage.
+    """
+    return {k: (v[rank].clone().contiguous() if k in per_rank else v) for k, v in inputs.items()}
 
 
 def _derive_seed(seed: int, *parts: str) -> int:
@@ -95,7 +107,8 @@ def output_specs(task: TaskSpec, axes: dict[str, int]) -> dict[str, dict[str, An
         poison = t.poison
         if poison is None:
             poison = float("nan") if t.dtype.startswith(("float", "bfloat")) else (True if t.dtype == "bool" else INT_POISON)
-        specs[name] = {"shape": [eval_dim(d, axes) for d in t.shape], "dtype": t.dtype, "poison": poison}
+        specs[name] = {"shape": [eval_dim(d, axes) for d in t.shape], "dtype": t.dtype, "poison": poison,
+                       "inplace": t.inplace}
     return specs
 
 
@@ -138,6 +151,8 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
         for name, spec in task.inputs.items():
             t = inp.get(name)
             shape = tuple(eval_dim(d, w.axes) for d in spec.shape)
+            if spec.per_rank:
+                shape = (task.world_size(w), *shape)
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != getattr(torch, spec.dtype):
                 got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise TaskSpecError(
@@ -145,7 +160,9 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
                     f"{got}; expected {shape} {spec.dtype}."
                 )
         draws.append({k: inp[k].contiguous() for k in task.inputs})
-    return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes))
+    per_rank = tuple(k for k, spec in task.inputs.items() if spec.per_rank)
+    return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes),
+                world_size=task.world_size(w), per_rank=per_rank)
 
 
 def perf_rotation(task: TaskSpec, w: WorkloadSpec, seed: int, n: int) -> list[dict[str, Any]]:

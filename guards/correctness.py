@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from guards.base import GuardContext
-from guards.cases import Case, correctness_cases, load_task_module
-from guards.sandbox import run_child
+from guards.cases import Case, correctness_cases, load_task_module, rank_inputs
+from guards.sandbox import run_child, run_ranks
 from guards.verdict import Evidence, Status, Verdict
 
 MAX_MISMATCH_LINES = 8
@@ -58,77 +58,160 @@ def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return bad
 
 
+def same_bits(a: Any, b: Any) -> bool:
+    """Whether two tensors hold the same bits (NaN payloads and the sign of zero included)."""
+    import torch
+
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+    return torch.equal(a, b)
+
+
+def _problem_verdict(name: str, outcome, rank: int | None = None) -> Verdict:
+    why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
+    where = "" if rank is None else f" (TP rank {rank})"
+    return Verdict(
+        guard=name, status=Status.FAIL,
+        summary=f"The candidate's code did not complete{where}: {_clip(why, 400)}",
+        evidence=(
+            Evidence(name="child_problem", value=why),
+            Evidence(name="child_duration", value=round(outcome.duration_s, 2), unit="s"),
+            Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:]),
+            *([Evidence(name="child_error", value=str(outcome.response.get("error"))[-2000:])] if outcome.response else []),
+        ),
+    )
+
+
+def _failed(outcome) -> bool:
+    return outcome.response is None or not outcome.response.get("ok")
+
+
+def available_world_sizes(device: str) -> int | None:
+    """Most ranks a run on ``device`` can host: GPUs on CUDA (one per rank); ``None`` (no limit) on CPU."""
+    if device != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.device_count()
+
+
 class CorrectnessGuard:
-    """Runs the candidate's op through the dispatcher in a child and checks every output."""
+    """Runs the candidate's op through the dispatcher in a child (one per TP rank) and checks every output."""
 
     name = "correctness"
+
+    def _run(self, ctx: GuardContext, cases: list[Case]):
+        """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, skipped)."""
+        task = ctx.task
+        base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
+                "decode_backend": "latency_specialized"}
+        results: dict[str, list[dict]] = {}
+        duration = 0.0
+        if task.distributed is None:
+            outcome = run_child(ctx.worktree, {**base, "cases": [c.request_entry() for c in cases]},
+                                timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
+                                device=ctx.device)
+            if _failed(outcome):
+                return None, _problem_verdict(self.name, outcome), outcome.duration_s, outcome
+            for c in outcome.response.get("cases", []):
+                if isinstance(c, dict):
+                    results[c.get("name")] = [c]
+            return results, None, outcome.duration_s, outcome
+        d = task.distributed
+        backend = d.backend_cuda if ctx.device == "cuda" else d.backend_cpu
+        last = None
+        for world in sorted({c.world_size for c in cases}):
+            group = [c for c in cases if c.world_size == world]
+            reqs = [{**base, "cases": [c.request_entry(r) for c in group]} for r in range(world)]
+            outcomes = run_ranks(ctx.worktree, reqs, backend=backend, collective_timeout_s=d.collective_timeout_s,
+                                 timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
+                                 device=ctx.device)
+            duration += max(o.duration_s for o in outcomes)
+            bad = [r for r, o in enumerate(outcomes) if _failed(o)]
+            if bad:
+                # the rank that raised is the news; its peers then time out waiting for it
+                first = next((r for r in bad if outcomes[r].response is not None), bad[0])
+                return None, _problem_verdict(self.name, outcomes[first], first), duration, outcomes[first]
+            for c in group:
+                results[c.name] = []
+            for o in outcomes:
+                for c in o.response.get("cases", []):
+                    if isinstance(c, dict) and c.get("name") in results:
+                        results[c["name"]].append(c)
+            last = outcomes[0]
+        return results, None, duration, last
 
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
         ref = load_task_module(task, "reference")
         cases: list[Case] = correctness_cases(task, ctx.seed)
-        request = {
-            "mode": "correctness",
-            "target": task.target,
-            "op": task.op,
-            "device": ctx.device,
-            "decode_backend": "latency_specialized",
-            "cases": [c.request_entry() for c in cases],
-        }
-        outcome = run_child(
-            ctx.worktree, request, timeout_s=task.timeouts.correctness_s,
-            memory_bytes=task.timeouts.memory_bytes, device=ctx.device,
-        )
-        if outcome.response is None or not outcome.response.get("ok"):
-            why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
-            return Verdict(
-                guard=self.name, status=Status.FAIL,
-                summary=f"The candidate's code did not complete: {_clip(why, 400)}",
-                evidence=(
-                    Evidence(name="child_problem", value=why),
-                    Evidence(name="child_duration", value=round(outcome.duration_s, 2), unit="s"),
-                    Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:]),
-                    *( [Evidence(name="child_error", value=str(outcome.response.get("error"))[-2000:])] if outcome.response else [] ),
-                ),
-            )
+        limit = available_world_sizes(ctx.device) if task.distributed is not None else None
+        not_run = [c for c in cases if limit is not None and c.world_size > limit]
+        cases = [c for c in cases if c not in not_run]
+        if not cases:
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"No configuration fits this machine ({limit} GPU(s) for "
+                                   f"{sorted({c.world_size for c in not_run})} ranks): nothing was tested.",
+                           evidence=(Evidence(name="gpus", value=limit or 0, unit="count"),))
+        by_name, failed, duration, outcome = self._run(ctx, cases)
+        if failed is not None:
+            return failed
         resp = outcome.response
         ctx.artifacts["scope"] = resp.get("scope")
         ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
-        by_name = {c.get("name"): c for c in resp.get("cases", []) if isinstance(c, dict)}
+        ctx.artifacts["tested_tp_sizes"] = sorted({c.world_size for c in cases})
+        inplace = {k for k, o in task.outputs.items() if o.inplace}
+        identical = task.distributed.identical_across_ranks if task.distributed else ()
         case_results, failures, traces = [], [], {}
         for case in cases:
-            rc = by_name.get(case.name)
+            ranks = by_name.get(case.name) or []
             mism: list[str] = []
             impls: list[str] = []
             call_traces = []
-            if rc is None or len(rc.get("calls", [])) != 3:
-                mism.append("the child returned no result for this case")
+            if len(ranks) != case.world_size or any(len(rc.get("calls", [])) != 3 for rc in ranks):
+                mism.append(f"the child returned no result for this case ({len(ranks)} of {case.world_size} rank(s))")
             else:
                 want_a = ref.reference({k: v.clone() for k, v in case.inputs_a.items()}, dict(case.kwargs))
                 want_b = ref.reference({k: v.clone() for k, v in case.inputs_b.items()}, dict(case.kwargs))
-                for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a), (want_a, want_b, want_a)):
-                    label = call.get("label", "?")
-                    call_traces.append(call.get("trace", []))
-                    impls += [d.get("implementation", "?") for d in call.get("trace", []) if d.get("op") == task.op]
-                    if call.get("error"):
-                        mism.append(f"[{label}] raised {call['error'].splitlines()[0]}")
-                        continue
-                    changed = _inputs_changed(inputs, call.get("inputs_after", {}))
-                    if changed:
-                        mism.append(f"[{label}] mutated input(s) {', '.join(changed)}")
-                    got = call.get("outputs", {})
-                    if hasattr(ref, "check"):
-                        lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want, task.correctness.tolerance)
-                    else:
-                        lines = generic_check(task, got, want)
-                    mism += [f"[{label}] {m}" for m in lines]
+                for rank, rc in enumerate(ranks):
+                    tag = f"[rank {rank}]" if case.world_size > 1 else ""
+                    for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a),
+                                                  (want_a, want_b, want_a)):
+                        label = f"{tag}[{call.get('label', '?')}]"
+                        call_traces.append(call.get("trace", []))
+                        impls += [d.get("implementation", "?") for d in call.get("trace", []) if d.get("op") == task.op]
+                        if call.get("error"):
+                            mism.append(f"{label} raised {call['error'].splitlines()[0]}")
+                            continue
+                        seen = {k: v for k, v in rank_inputs(inputs, case.per_rank, rank).items() if k not in inplace}
+                        changed = _inputs_changed(seen, call.get("inputs_after", {}))
+                        if changed:
+                            mism.append(f"{label} mutated input(s) {', '.join(changed)}")
+                        got = call.get("outputs", {})
+                        if hasattr(ref, "check"):
+                            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                                              task.correctness.tolerance)
+                        else:
+                            lines = generic_check(task, got, want)
+                        mism += [f"{label} {m}" for m in lines]
+                for i in range(3):
+                    for out in identical:
+                        ref_bits = ranks[0]["calls"][i].get("outputs", {}).get(out)
+                        for rank in range(1, case.world_size):
+                            if not same_bits(ranks[rank]["calls"][i].get("outputs", {}).get(out), ref_bits):
+                                mism.append(f"[call {i}] output {out} on rank {rank} differs bitwise from rank 0 "
+                                            "(every rank must hold identical bits)")
+                                break
             traces[case.name] = call_traces
             impl = ",".join(sorted(set(impls))) or "none"
             passed = not mism
             case_results.append({
                 "name": case.name, "axes": dict(case.workload.axes), "params": dict(case.kwargs),
                 "case": case.workload.case, "implementation": impl, "passed": passed,
-                "mismatches": tuple(mism[:20]), "calls": 3,
+                "mismatches": tuple(mism[:20]), "calls": 3, "world_size": case.world_size,
             })
             if not passed:
                 failures.append((case, mism))
@@ -136,6 +219,8 @@ class CorrectnessGuard:
         ctx.artifacts["traces"] = traces
         ctx.artifacts["case_objects"] = cases
         n = len(cases)
+        skipped_ev = tuple(Evidence(name="not_run", value=c.name, path=f"{c.world_size} ranks > {limit} GPU(s)")
+                           for c in not_run)
         if failures:
             case, mism = failures[0]
             ev = [Evidence(name="failed_cases", value=len(failures), unit="count"),
@@ -145,14 +230,18 @@ class CorrectnessGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
-                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}): {_clip(mism[0], 400)}",
-                evidence=tuple(ev),
+                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}"
+                        f"{f', {case.world_size} ranks' if task.distributed else ''}): {_clip(mism[0], 400)}",
+                evidence=tuple(ev) + skipped_ev,
             )
+        sizes = sorted({c.world_size for c in cases})
         return Verdict(
             guard=self.name, status=Status.PASS,
-            summary=f"All {n} configurations ({len(task.correctness.workloads)} fixed, "
-                    f"{n - len(task.correctness.workloads)} random) match the reference on 3 calls each.",
+            summary=f"All {n} configurations ({len([c for c in cases if not c.name.startswith('random-')])} fixed, "
+                    f"{len([c for c in cases if c.name.startswith('random-')])} random"
+                    f"{f'; world sizes {sizes}' if task.distributed else ''}) match the reference on 3 calls each"
+                    f"{f'; {len(not_run)} not run on this machine (more ranks than GPUs)' if not_run else ''}.",
             evidence=(Evidence(name="cases", value=n, unit="count"),
                       Evidence(name="calls_per_case", value=3, unit="count"),
-                      Evidence(name="child_duration", value=round(outcome.duration_s, 2), unit="s")),
+                      Evidence(name="child_duration", value=round(duration, 2), unit="s")) + skipped_ev,
         )

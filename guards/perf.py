@@ -161,6 +161,11 @@ class PerfGuard:
         claimed = ctx.artifacts.get("scope")
         if claimed is None:
             raise RuntimeError("perf guard needs the declared scope from the correctness guard")
+        if ctx.device not in task.perf.devices:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary=f"Performance of this task is judged on {', '.join(task.perf.devices)} only, "
+                                   f"not {ctx.device}: {task.perf.devices_reason.rstrip('.')}.",
+                           evidence=(Evidence(name="perf_devices", value=", ".join(task.perf.devices)),))
         dtype = task.inputs[task.scope.dtype_input].dtype
         cases, claimed_flags = [], {}
         for name in task.perf.workloads:
@@ -168,7 +173,7 @@ class PerfGuard:
             c = build_case(task, w, ctx.seed)
             cases.append(c)
             claimed_flags[name] = claims(claimed, phase=w.phase, batch=w.axes[task.scope.batch_axis],
-                                         device=ctx.device, dtype=dtype)
+                                         device=ctx.device, dtype=dtype, tp=task.world_size(w))
         with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
             base_kernel = extract_base_kernel(ctx.repo_root, ctx.base_commit, task.op, Path(tmp))
             return self._check(ctx, cases, claimed_flags, base_kernel)
@@ -189,21 +194,18 @@ class PerfGuard:
         if timed:
             n_calls = task.perf.warmup + task.perf.repetitions
             rotations = {c.name: perf_rotation(task, c.workload, ctx.seed, n_calls) for c in timed}
-            request = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
-                       "decode_backend": "latency_specialized",
-                       "cases": [{**c.request_entry(), "rotation": rotations[c.name]} for c in timed],
-                       "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions},
-                       "baseline_kernel_dir": str(base_kernel) if base_kernel else None}
-            outcome = run_child(ctx.worktree, request, timeout_s=task.timeouts.perf_s,
-                                memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
-            if outcome.response is None or not outcome.response.get("ok"):
-                why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
+            base_req = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
+                        "decode_backend": "latency_specialized",
+                        "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions},
+                        "baseline_kernel_dir": str(base_kernel) if base_kernel else None}
+            by_name, problem, child_s = _time_cases(ctx, base_req, timed, rotations)
+            if problem is not None:
+                why, tail = problem
                 return Verdict(guard=self.name, status=Status.FAIL,
                                summary=f"Timing run did not complete: {why}.",
                                evidence=(Evidence(name="child_problem", value=why),
-                                         Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:])))
-            by_name = {p.get("name"): p for p in outcome.response.get("perf", []) if isinstance(p, dict)}
-            timer = "cuda_event" if ctx.device == "cuda" else "cpu_thread_time"
+                                         Evidence(name="stderr_tail", value=tail[-1500:])))
+            timer = "cuda_event" if ctx.device == "cuda" else ("cpu_wall_clock" if task.distributed else "cpu_thread_time")
             total_samples_us = 0.0
             for i, c in enumerate(timed):
                 p = by_name.get(c.name)
@@ -236,12 +238,12 @@ class PerfGuard:
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
                                 "baseline_implementation": base_impl,
                                 "baseline_us": tuple(base), "candidate_us": tuple(cand), "timer": timer, **stats})
-            if total_samples_us > outcome.duration_s * 1e6:  # the parent's own clock, out of the child's reach
+            if total_samples_us > child_s * 1e6:  # the parent's own clock, out of the child's reach
                 for r in results:
                     if r.get("timer") == timer:
                         r["verdict"] = "tampered"
                         r["implementation"] += (f" (samples sum to {total_samples_us / 1e6:.2f} s, longer than the "
-                                                f"child lived: {outcome.duration_s:.2f} s)")
+                                                f"child lived: {child_s:.2f} s)")
         order = {n: i for i, n in enumerate(task.perf.workloads)}
         results.sort(key=lambda r: order[r["name"]])
         ctx.artifacts["perf"] = results
@@ -268,11 +270,77 @@ class PerfGuard:
         if not timed:
             return Verdict(guard=self.name, status=Status.SKIP,
                            summary="No perf workload lies inside the kernel's declared scope on this device.")
-        gains = [r["speedup"] for r in results if r["verdict"] == "gain"] or [1.0]
+        gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
+        if not gains:  # only a merged base kernel's configurations outside the claim were timed
+            return Verdict(guard=self.name, status=Status.PASS,
+                           summary=f"No regression in the {len(results)} timed configuration(s); none is claimed, "
+                                   "so no gain is required.", evidence=table)
         return Verdict(guard=self.name, status=Status.PASS,
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+_PER_CALL = ("baseline_us", "candidate_us", "baseline_wall_us", "candidate_wall_us", "baseline_tails_us",
+             "candidate_tails_us")
+
+
+def _merge_ranks(entries: list[dict]) -> dict:
+    """One perf entry from every rank's: per call the slowest rank (a collective ends when its last rank does).
+
+    Rank 0's traces and details are kept; ``candidate_outputs`` becomes a list per rank
+    (``rank_outputs``) so every rank's timed outputs are checked.
+    """
+    out = dict(entries[0])
+    for key in _PER_CALL:
+        cols = [e.get(key) or [] for e in entries]
+        if all(cols):
+            out[key] = [max(float(x) for x in xs) for xs in zip(*cols)]
+    out["wall_s"] = max(float(e["wall_s"]) for e in entries)
+    out["rank_outputs"] = [e.get("candidate_outputs") or [] for e in entries]
+    return out
+
+
+def _time_cases(ctx: GuardContext, base_req: dict, timed, rotations) -> tuple[dict, tuple[str, str] | None, float]:
+    """Run the timing child (one per TP rank for distributed tasks); returns (entries by name, problem, seconds).
+
+    ``problem`` is (one sentence, stderr tail) when a child did not complete; seconds is the longest
+    a child lived, measured here (the parent's clock).
+    """
+    from guards.cases import rank_inputs
+    from guards.sandbox import run_ranks
+
+    task = ctx.task
+    if task.distributed is None:
+        req = {**base_req, "cases": [{**c.request_entry(), "rotation": rotations[c.name]} for c in timed]}
+        outcome = run_child(ctx.worktree, req, timeout_s=task.timeouts.perf_s,
+                            memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
+        if outcome.response is None or not outcome.response.get("ok"):
+            why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
+            return {}, (why, outcome.stderr_tail), outcome.duration_s
+        return ({p.get("name"): p for p in outcome.response.get("perf", []) if isinstance(p, dict)}, None,
+                outcome.duration_s)
+    d = task.distributed
+    merged, longest = {}, 0.0
+    for world in sorted({c.world_size for c in timed}):
+        group = [c for c in timed if c.world_size == world]
+        reqs = [{**base_req, "cases": [{**c.request_entry(r),
+                                         "rotation": [rank_inputs(x, c.per_rank, r) for x in rotations[c.name]]}
+                                        for c in group]} for r in range(world)]
+        outcomes = run_ranks(ctx.worktree, reqs, backend=d.backend_cuda if ctx.device == "cuda" else d.backend_cpu,
+                             collective_timeout_s=d.collective_timeout_s, timeout_s=task.timeouts.perf_s,
+                             memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
+        longest += max(o.duration_s for o in outcomes)
+        for r, o in enumerate(outcomes):
+            if o.response is None or not o.response.get("ok"):
+                why = o.problem or str(o.response.get("error", "")).strip().splitlines()[0]
+                return {}, (f"TP rank {r}: {why}", o.stderr_tail), longest
+        per_rank = [{p.get("name"): p for p in o.response.get("perf", []) if isinstance(p, dict)} for o in outcomes]
+        for c in group:
+            entries = [pr.get(c.name) for pr in per_rank]
+            if all(entries):
+                merged[c.name] = _merge_ranks(entries)
+    return merged, None, longest
 
 
 def extract_base_kernel(repo_root: Path, base_commit: str, op: str, dest: Path) -> Path | None:
@@ -311,11 +379,13 @@ def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | Non
     """
     from guards.correctness import generic_check
 
-    outs = p.get("candidate_outputs") or []
+    ranks = p.get("rank_outputs") or [p.get("candidate_outputs") or []]
     calls = int((p.get("calls") or {}).get("candidate", 0))
     n = len(rotation)
-    if len(outs) != n or calls != n:
-        return f"the timing child returned {len(outs)} output sets for {calls} calls; expected {n} of each"
+    for r, outs in enumerate(ranks):
+        if len(outs) != n or calls != n:
+            return (f"the timing child{f' of rank {r}' if len(ranks) > 1 else ''} returned {len(outs)} output sets "
+                    f"for {calls} calls; expected {n} of each")
     ref = load_task_module(task, "reference")
     rng = random.Random(seed ^ 0x5EED)
     timed = range(task.perf.warmup, n)
@@ -323,12 +393,14 @@ def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | Non
     for i in picks:
         inputs = rotation[i]
         want = ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
-        got = outs[i]
-        if hasattr(ref, "check"):
-            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                              task.correctness.tolerance)
-        else:
-            lines = generic_check(task, got, want)
-        if lines:
-            return f"outputs of timed call {i - task.perf.warmup} differ from the reference: {lines[0][:160]}"
+        for r, outs in enumerate(ranks):
+            got = outs[i]
+            if hasattr(ref, "check"):
+                lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                                  task.correctness.tolerance)
+            else:
+                lines = generic_check(task, got, want)
+            if lines:
+                where = f" on rank {r}" if len(ranks) > 1 else ""
+                return f"outputs of timed call {i - task.perf.warmup}{where} differ from the reference: {lines[0][:160]}"
     return None

@@ -71,7 +71,13 @@ def scrubbed_env(home: Path) -> dict[str, str]:
     """
     env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
     env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.update(NO_MULTICAST_ENV)
     return env
+
+
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""Set in every child: NVLink multicast stays off (a program using it can take a shared host's GPUs out
+of service). Source: ../.library/device/KINDS.md (multi-GPU kinds); issue 8."""
 
 
 def drop_privileges_available() -> bool:
@@ -303,3 +309,46 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
                 problem = f"child response unreadable ({type(exc).__name__}: {exc})"
         return ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path), _tail(err_path),
                             problem, uid)
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous of one multi-rank run)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(worktree: Path, requests: list[dict[str, Any]], *, backend: str, collective_timeout_s: float,
+              timeout_s: float, memory_bytes: int, device: str) -> list[ChildOutcome]:
+    """Run one contained child per TP rank at once, joined into one ``torch.distributed`` group.
+
+    Each rank is a :func:`run_child` of its own (own uid, limits and authenticated response channel),
+    so the parent reads every rank's outputs directly and a rank cannot speak for another. The ranks
+    meet at a TCP rendezvous on 127.0.0.1; rank ``r`` of a CUDA run uses GPU ``r``.
+
+    Args:
+        worktree: the candidate's checkout.
+        requests: one request per rank (index = rank); each gets a ``dist`` entry added here.
+        backend: ``gloo`` or ``nccl``.
+        collective_timeout_s: a collective waiting longer fails (seconds), so a dead peer ends as an
+            error, not a hang.
+        timeout_s, memory_bytes, device: as for :func:`run_child`, per rank.
+
+    Returns:
+        The outcomes, index = rank.
+
+    Raises:
+        OSError: a child could not be started at all.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    world = len(requests)
+    init = f"tcp://127.0.0.1:{free_tcp_port()}"
+    reqs = [{**r, "dist": {"rank": i, "world_size": world, "init_method": init, "backend": backend,
+                           "timeout_s": float(collective_timeout_s)}} for i, r in enumerate(requests)]
+    with ThreadPoolExecutor(max_workers=world) as pool:
+        futs = [pool.submit(run_child, worktree, r, timeout_s=timeout_s, memory_bytes=memory_bytes, device=device)
+                for r in reqs]
+        return [f.result() for f in futs]

@@ -238,11 +238,20 @@ def _cpu_call_us(fn: Callable[[], object], side: SideTiming) -> None:
     side.samples_us.append((time.thread_time_ns() - t0) / 1e3)
 
 
+def _cpu_wall_call_us(fn: Callable[[], object], side: SideTiming) -> None:
+    # a collective spends its time waiting for peers and in the backend's own threads, which the
+    # calling thread's CPU clock never sees: distributed CPU calls are timed by the wall clock
+    t0 = time.perf_counter_ns()
+    fn()
+    side.samples_us.append((time.perf_counter_ns() - t0) / 1e3)
+
+
 class _CudaTimer:
     """Events reused across calls; one pending set per call, read after the device-wide sync."""
 
-    def __init__(self, flush: bool) -> None:
+    def __init__(self, flush: bool, before_call: Callable[[], object] | None = None) -> None:
         self.flush = flush
+        self.before_call = before_call
 
     def __call__(self, fn: Callable[[], object], side: SideTiming) -> None:
         start = torch.cuda.Event(enable_timing=True)
@@ -253,6 +262,8 @@ class _CudaTimer:
             # idle device at ``start``: an eager call's host launch overhead stays inside the window
             # (otherwise it would hide behind the flush still running on the GPU)
             torch.cuda.synchronize()
+        if self.before_call is not None:  # last, so ranks leave it together and start their windows together
+            self.before_call()
         start.record()
         fn()
         stop.record()  # the window closes on the timing stream: no host sync inside it
@@ -273,6 +284,8 @@ def time_pair(
     flush_l2: bool = True,
     cuda_graph: bool = False,
     outputs: Mapping[str, Sequence[torch.Tensor]] | None = None,
+    cpu_timer: str = "thread",
+    before_call: Callable[[], object] | None = None,
 ) -> PairTiming:
     """Time two callables alternately (A B, B A, ...) after warm-up.
 
@@ -285,6 +298,10 @@ def time_pair(
         cuda_graph: CUDA only; capture each callable once and time its replays.
         outputs: with ``cuda_graph``, ``{"baseline": [...], "candidate": [...]}``, the tensors each
             side writes; each graph must rewrite all of them on replay (see :func:`capture_graph`).
+        cpu_timer: CPU only; ``thread`` (the calling thread's CPU clock) or ``wall`` (for collectives,
+            whose time is spent waiting and in the backend's threads).
+        before_call: run before every timed call, outside its window (a barrier that lines TP
+            ranks up, so no rank's sample includes waiting for a late peer).
 
     Returns:
         A :class:`PairTiming` (samples in microseconds).
@@ -311,7 +328,16 @@ def time_pair(
                 fns["baseline"]()
                 fns["candidate"]()
             torch.cuda.synchronize()
-    timer = _CudaTimer(flush_l2) if device == "cuda" else _cpu_call_us
+    if cpu_timer not in ("thread", "wall"):
+        raise ValueError(f"time_pair: cpu_timer {cpu_timer!r} is not thread or wall.")
+    base_timer = _CudaTimer(flush_l2, before_call) if device == "cuda" else (
+        _cpu_call_us if cpu_timer == "thread" else _cpu_wall_call_us)
+    if before_call is None or device == "cuda":
+        timer = base_timer
+    else:
+        def timer(fn: Callable[[], object], side: SideTiming) -> None:
+            before_call()
+            base_timer(fn, side)
     a, b = SideTiming(), SideTiming()
     t0 = time.perf_counter()
     for i in range(repetitions):
@@ -323,7 +349,7 @@ def time_pair(
             timer(fns["baseline"], a)
     wall_s = time.perf_counter() - t0
     return PairTiming(a, b, wall_s, flush_l2 and device == "cuda", cuda_graph,
-                      "cuda_event" if device == "cuda" else "cpu_thread_time")
+                      "cuda_event" if device == "cuda" else f"cpu_{cpu_timer}_time".replace("cpu_wall_time", "cpu_wall_clock"))
 
 
 def time_interleaved(
@@ -335,6 +361,8 @@ def time_interleaved(
     repetitions: int,
     flush_l2: bool = True,
     details: dict | None = None,
+    cpu_timer: str = "thread",
+    before_call: Callable[[], object] | None = None,
 ) -> tuple[list[float], list[float], float]:
     """Time two callables alternately; the perf guard's entry point (see :func:`time_pair`).
 
@@ -346,12 +374,14 @@ def time_interleaved(
         flush_l2: CUDA only; flush the L2 before every timed call.
         details: when given, filled with ``tails_us`` per side (CUDA: time from the end of the call to
             a fence after a device-wide sync, microseconds) and ``flush_l2``.
+        cpu_timer, before_call: see :func:`time_pair`.
 
     Returns:
         ``(baseline_us, candidate_us, wall_s)``: per-call samples (microseconds) and the wall-clock
         seconds of the whole timed loop (a cross-check: the samples cannot sum to more than it).
     """
-    r = time_pair(baseline, candidate, device=device, warmup=warmup, repetitions=repetitions, flush_l2=flush_l2)
+    r = time_pair(baseline, candidate, device=device, warmup=warmup, repetitions=repetitions, flush_l2=flush_l2,
+                  cpu_timer=cpu_timer, before_call=before_call)
     if details is not None:
         details.update(baseline_tails_us=r.baseline.tails_us, candidate_tails_us=r.candidate.tails_us,
                        flush_l2=r.flush_l2, timer=r.timer)

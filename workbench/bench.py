@@ -35,7 +35,8 @@ VARIANTS = ("standard_eager", "standard_graph", "standard_compile", "kernel_eage
 
 def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = "cuda",
               batches: Sequence[int] = DEFAULT_BATCHES, workload: str | None = None, repetitions: int = 200,
-              compile_standard: bool = True, out_dir: Path | None = None, timeout_s: float = 900) -> Path:
+              compile_standard: bool = True, out_dir: Path | None = None, timeout_s: float = 900,
+              world_sizes: Sequence[int] | None = None) -> Path:
     """Benchmark a task's op over decode batches; write JSON and PNG; return the JSON path.
 
     Args:
@@ -50,9 +51,11 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
         compile_standard: also time ``torch.compile`` of the standard path.
         out_dir: where to write (default ``bench/results/local``).
         timeout_s: wall-clock limit of the measuring child (seconds).
+        world_sizes: distributed tasks only: TP sizes to sweep (default: the task's scope sizes above
+            1); one ``<task>_tp<W>.json`` each (see :mod:`workbench.bench_dist`); the last is returned.
 
     Raises:
-        ValueError: device is not cuda.
+        ValueError: device is not cuda, or a world size needs more GPUs than there are.
         RuntimeError: the measuring child failed (its stderr tail in the message).
     """
     from workbench.taskspec import load_task
@@ -64,6 +67,21 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
     wt = create_candidate(root, task_id, candidate).worktree if candidate else root
     out_dir = Path(out_dir or root / "bench" / "results" / "local")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if task.distributed is not None:
+        from workbench.bench_dist import run_bench_distributed
+
+        if world_sizes:
+            sizes = list(world_sizes)
+        else:
+            import torch
+
+            sizes = [w for w in task.scope.tp_sizes if 1 < w <= torch.cuda.device_count()]
+            if not sizes:
+                raise ValueError(f"workbench bench: {task_id} is distributed and this machine has "
+                                 f"{torch.cuda.device_count()} GPU(s); no TP size above 1 fits.")
+        return run_bench_distributed(root, task, Path(wt), candidate=candidate, world_sizes=sizes, batches=batches,
+                                     workload=workload, repetitions=repetitions, out_dir=out_dir,
+                                     timeout_s=timeout_s)[-1]
     json_path = out_dir / f"{task_id}.json"
     args = {"worktree": str(wt), "task_root": str(task.root), "task_id": task_id, "batches": list(batches),
             "workload": workload or task.perf.workloads[0], "repetitions": repetitions,

@@ -392,6 +392,7 @@ def bench(
     out: Optional[Path] = typer.Option(None, help="Output folder (default bench/results/local)."),
     repetitions: int = typer.Option(200, help="Timed calls per side and pair."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the standard path."),
+    world_size: Optional[list[int]] = typer.Option(None, "--world-size", help="Distributed tasks: TP sizes to sweep (repeatable; default the task's sizes above 1 that fit the GPUs)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
 ) -> None:
     """Benchmark the standard path (eager, CUDA graph, torch.compile) against a kernel over decode batches."""
@@ -399,7 +400,8 @@ def bench(
 
     try:
         path = run_bench(_root(repo), task_id, candidate=candidate, device=device, batches=batch or DEFAULT_BATCHES,
-                         repetitions=repetitions, compile_standard=not no_compile, out_dir=out)
+                         repetitions=repetitions, compile_standard=not no_compile, out_dir=out,
+                         world_sizes=world_size)
     except (WorkbenchError, ValueError, RuntimeError) as exc:
         _fail(exc)
     console.print(str(path))

@@ -34,7 +34,7 @@ class CaseResult(_Model):
         passed: every call matched the reference.
         mismatches: one line per mismatch (capped).
         calls: calls made (fresh buffers, reused buffers with new data, repeat).
-        duration_ms: candidate time for the calls (milliseconds, informational only).
+        world_size: TP ranks the case ran on (one process each; 1 for single-process tasks).
     """
 
     name: str
@@ -45,6 +45,7 @@ class CaseResult(_Model):
     passed: bool
     mismatches: tuple[str, ...] = ()
     calls: int = 0
+    world_size: int = 1
 
 
 class PerfResult(_Model):
@@ -65,7 +66,7 @@ class PerfResult(_Model):
             ``side_stream``, ``tampered``
             (timer samples disagree with the wall clock) or ``wrong_output`` (a timed call's outputs
             differ from the reference).
-        timer: ``cpu_thread_time`` or ``cuda_event``.
+        timer: ``cpu_thread_time``, ``cpu_wall_clock`` (distributed CPU runs) or ``cuda_event``.
         floor_us: CUDA only; physical floor max(min bytes / measured copy bandwidth, one launch)
             (microseconds); ``below_floor`` when the candidate's median is under 0.9x it.
         tail_excess_us: CUDA only; median candidate tail minus median baseline tail (time from the end

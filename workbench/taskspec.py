@@ -129,12 +129,19 @@ class TensorSpec(_Frozen):
         description: meaning, layout and units.
         poison: outputs only: the value every element is set to before the call, so an element the
             candidate never writes is caught. Defaults to NaN for floats and -7777 for integers.
+        inplace: outputs only: the op writes this output into the input of the same name (vLLM's
+            in-place ``fused_add_rms_norm`` contract); no separate buffer is passed, the input is
+            allowed to change and is read back after the call as the output.
+        per_rank: inputs of distributed tasks only: every TP rank gets its own tensor of this shape;
+            ``inputs.make_inputs`` returns them stacked along a leading world-size dimension.
     """
 
     shape: tuple[str, ...]
     dtype: Literal["float32", "float16", "bfloat16", "int32", "int64", "bool"]
     description: str = Field(min_length=1)
     poison: float | int | None = None
+    inplace: bool = False
+    per_rank: bool = False
 
     @field_validator("shape")
     @classmethod
@@ -257,6 +264,10 @@ class PerfSpec(_Frozen):
         source: where the thresholds come from.
         cuda: settings calibrated on a GPU (A/A false alarms, planted-slowdown power), used instead
             of ``max_regression_pct`` and ``alpha`` when the guard runs on CUDA.
+        devices: devices on which performance is judged (default both); elsewhere the perf guard SKIPs
+            and says why (``devices_reason``).
+        devices_reason: why performance is not judged on the other devices (required when ``devices``
+            leaves one out).
     """
 
     workloads: tuple[str, ...] = Field(min_length=1)
@@ -268,12 +279,40 @@ class PerfSpec(_Frozen):
     alpha: float = Field(default=0.01, gt=0.0, lt=0.5)
     source: str = Field(min_length=3)
     cuda: PerfDeviceSpec | None = None
+    devices: tuple[Literal["cpu", "cuda"], ...] = ("cpu", "cuda")
+    devices_reason: str = ""
+
+    @model_validator(mode="after")
+    def _devices_reason(self) -> "PerfSpec":
+        if set(self.devices) != {"cpu", "cuda"} and len(self.devices_reason) < 10:
+            raise ValueError(f"perf.devices {list(self.devices)} leaves a device out; say why in perf.devices_reason")
+        return self
 
     def regression_test(self, device: str) -> tuple[float, float]:
         """``(max_regression_pct, alpha)`` for ``device`` (the calibrated CUDA pair where given)."""
         if device == "cuda" and self.cuda is not None:
             return self.cuda.max_regression_pct, self.cuda.alpha
         return self.max_regression_pct, self.alpha
+
+
+class DistributedSpec(_Frozen):
+    """A task whose op runs on every rank of a tensor-parallel group (one process per rank).
+
+    Attributes:
+        world_size_axis: the workload axis that gives the world size (TP size) of each case.
+        backend_cpu: ``torch.distributed`` backend of CPU runs (gloo).
+        backend_cuda: backend of CUDA runs (NCCL; one GPU per rank, NVLink multicast off).
+        identical_across_ranks: outputs every rank must hold bit for bit (bitwise-identical results
+            on all ranks: kernel_targets.md §1.5).
+        collective_timeout_s: a rank waiting longer than this in a collective fails instead of
+            hanging (seconds).
+    """
+
+    world_size_axis: str
+    backend_cpu: Literal["gloo"] = "gloo"
+    backend_cuda: Literal["nccl"] = "nccl"
+    identical_across_ranks: tuple[str, ...] = ()
+    collective_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class TimeoutSpec(_Frozen):
@@ -314,10 +353,40 @@ class TaskSpec(_Frozen):
     correctness: CorrectnessSpec
     perf: PerfSpec
     timeouts: TimeoutSpec = TimeoutSpec()
+    distributed: DistributedSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "TaskSpec":
         axes = set(self.axes)
+        for name, t in self.inputs.items():
+            if t.inplace:
+                raise ValueError(f"inputs.{name}: 'inplace' applies to outputs only (name the output after the input)")
+            if t.per_rank and self.distributed is None:
+                raise ValueError(f"inputs.{name}: per_rank needs a [distributed] table (world_size_axis)")
+        for name, t in self.outputs.items():
+            if t.per_rank:
+                raise ValueError(f"outputs.{name}: 'per_rank' applies to inputs only")
+            if t.inplace:
+                src = self.inputs.get(name)
+                if src is None or src.shape != t.shape or src.dtype != t.dtype:
+                    raise ValueError(
+                        f"outputs.{name} is inplace but no input {name!r} of shape {list(t.shape)} and dtype "
+                        f"{t.dtype} exists; an in-place output must name the input it overwrites"
+                    )
+        if self.distributed is not None:
+            d = self.distributed
+            if d.world_size_axis not in axes:
+                raise ValueError(f"distributed.world_size_axis {d.world_size_axis!r} is not in [axes]")
+            for o in d.identical_across_ranks:
+                if o not in self.outputs:
+                    raise ValueError(f"distributed.identical_across_ranks names {o!r}, which is not an output")
+            for w in self.correctness.workloads:
+                ws = w.axes.get(d.world_size_axis)
+                if ws is not None and ws not in self.scope.tp_sizes:
+                    raise ValueError(
+                        f"correctness workload {w.name!r}: world size {d.world_size_axis} = {ws} is outside "
+                        f"scope.tp_sizes {list(self.scope.tp_sizes)}"
+                    )
         for kind, tensors in (("inputs", self.inputs), ("outputs", self.outputs)):
             for name, t in tensors.items():
                 for dim in t.shape:
@@ -366,6 +435,10 @@ class TaskSpec(_Frozen):
                     f"must also be a correctness shape (known: {', '.join(names)})"
                 )
         return self
+
+    def world_size(self, w: WorkloadSpec) -> int:
+        """The TP world size of workload ``w`` (1 for tasks without a [distributed] table)."""
+        return 1 if self.distributed is None else int(w.axes[self.distributed.world_size_axis])
 
     def workload(self, name: str) -> WorkloadSpec:
         """The correctness workload called ``name``.

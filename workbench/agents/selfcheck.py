@@ -180,12 +180,18 @@ def baseline_timings(worktree: Path, task: TaskSpec, *, device: str, repetitions
         warmup: untimed calls per side (calls).
 
     Returns:
-        workload name -> median (microseconds); empty when the timing child failed (logged).
+        workload name -> median (microseconds); empty when the timing child failed, for distributed
+        tasks, and where the task does not judge performance on ``device`` (logged).
     """
     from guards.cases import build_case
     from guards.sandbox import run_child
     from kernels.stats import median
 
+    if task.distributed is not None or device not in task.perf.devices:
+        # one process cannot time a collective; the perf guard times every rank (guards/perf.py)
+        logger.info("no quick baseline for %s on %s (distributed task or perf not judged on this device)",
+                    task.task_id, device)
+        return {}
     seed = task.correctness.public_seeds[0] if task.correctness.public_seeds else 0
     cases = [build_case(task, task.workload(n), seed) for n in task.perf.workloads]
     request = {"mode": "perf", "target": task.target, "op": task.op, "device": device, "decode_backend": "standard",

@@ -1,0 +1,103 @@
+"""Reference and checker of the TP all-reduce + residual + RMSNorm task.
+
+Independent of ``k3_model``: the partials of all ranks are summed here in one process, in rank order,
+in fp32, then the residual add and the norm follow kernel_targets.md §1.2 (the FlashInfer rounding:
+one rounding of the normalised value).
+
+Source: shared/reference/kernel_targets.md §1.2 (reference math), §1.5 (tolerances).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+OUTPUTS = ("x", "residual")
+MAX_MESSAGES = 3
+BF16_MANTISSA_BITS = 7
+"""Explicit mantissa bits of bfloat16: one ulp of v is 2^(floor(log2|v|) - 7)."""
+
+
+def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """What every rank must hold after the call.
+
+    Args:
+        inputs: ``x`` bf16 [W, T, D] (all ranks' partials), ``residual`` bf16 [T, D], ``weight`` bf16 [D].
+        params: ``eps`` (dimensionless).
+
+    Returns:
+        ``x``: bf16 [T, D] normalised output; ``residual``: bf16 [T, D] R'.
+    """
+    x, res, w = inputs["x"].cpu(), inputs["residual"].cpu(), inputs["weight"].cpu()
+    acc = x[0].float()
+    for r in range(1, x.shape[0]):  # rank order, fp32 (IEEE: -0.0 + -0.0 stays -0.0)
+        acc = acc + x[r].float()
+    a = acc.to(res.dtype)
+    r_new = (a.float() + res.float()).to(res.dtype)
+    rf = r_new.float()
+    out = (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + float(params["eps"])) * w.float()).to(res.dtype)
+    return {"x": out, "residual": r_new}
+
+
+def ulp(v: torch.Tensor) -> torch.Tensor:
+    """One bf16 ulp at each element of ``v`` (float32; the smallest normal's ulp at 0)."""
+    a = v.float().abs().clamp(min=2.0 ** -126)
+    return torch.exp2(torch.floor(torch.log2(a)) - BF16_MANTISSA_BITS)
+
+
+def _compare(name: str, g: torch.Tensor, w: torch.Tensor, n_ulp: float, atol_rms: float) -> list[str]:
+    gf, wf = g.float(), w.float()
+    msgs = []
+    nan_g, nan_w = torch.isnan(gf), torch.isnan(wf)
+    if not torch.equal(nan_g, nan_w):
+        i = int((nan_g != nan_w).nonzero()[0, 0]) if (nan_g != nan_w).dim() > 1 else 0
+        msgs.append(f"{name}: NaN at other elements than the reference (first differing token {i}: "
+                    f"{int(nan_g[i].sum())} NaN vs {int(nan_w[i].sum())} expected)")
+        return msgs
+    inf_w = torch.isinf(wf)
+    if not torch.equal(gf[inf_w], wf[inf_w]) or torch.isinf(gf[~inf_w & ~nan_w]).any():
+        msgs.append(f"{name}: infinities differ from the reference")
+        return msgs
+    fin = ~nan_w & ~inf_w
+    row_rms = torch.nan_to_num(wf, nan=0.0, posinf=0.0, neginf=0.0).pow(2).mean(-1, keepdim=True).sqrt()
+    tol = n_ulp * ulp(wf) + atol_rms * row_rms.expand_as(wf)
+    err = torch.where(fin, (gf - wf).abs(), torch.zeros_like(wf))
+    bad = err > torch.where(fin, tol, torch.zeros_like(tol))
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        msgs.append(f"{name}: {int(bad.sum())} element(s) beyond {n_ulp:g} bf16 ulp"
+                    f"{f' + {atol_rms:g} x row rms' if atol_rms else ''}; first at {idx}: expected "
+                    f"{float(wf[idx]):.8g}, got {float(gf[idx]):.8g} ({float(err[idx] / ulp(wf[idx])):.2f} ulp)")
+    return msgs
+
+
+def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Mapping[str, torch.Tensor],
+          want: Mapping[str, torch.Tensor], tolerance: Mapping[str, Any]) -> list[str]:
+    """Compare one rank's outputs with :func:`reference`'s.
+
+    NaN and infinity positions must match exactly; finite elements within ``rtol / 2^-7`` bf16 ulp of
+    the reference plus ``atol`` x the reference row's RMS (zeros of either sign are equal). Bitwise
+    identity across ranks is checked by the correctness guard (``identical_across_ranks``).
+
+    Args:
+        inputs, params: as for :func:`reference`.
+        got: the rank's ``x`` and ``residual`` after the call.
+        want: :func:`reference`'s outputs.
+        tolerance: output name -> object with ``rtol`` (1 ulp = 2^-7), ``atol`` (x row RMS), ``source``.
+
+    Returns:
+        One-line mismatch descriptions; empty when the outputs are right.
+
+    Source: kernel_targets.md §1.5; task.toml [correctness.tolerance].
+    """
+    msgs: list[str] = []
+    for name in OUTPUTS:
+        g, w = got.get(name), want[name]
+        if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+            desc = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, torch.Tensor) else type(g).__name__
+            msgs.append(f"{name}: expected {tuple(w.shape)} {w.dtype}, got {desc}")
+            continue
+        tol = tolerance[name]
+        msgs += _compare(name, g.detach().cpu(), w, tol.rtol / 2.0 ** -BF16_MANTISSA_BITS, tol.atol)
+    return msgs[: MAX_MESSAGES + 1]
