@@ -307,6 +307,9 @@ class _PyAudit(ast.NodeVisitor):
                  ast.DictComp: "a dict", ast.SetComp: "a set"}
         if type(value) in kinds:
             return f"{kinds[type(value)]} literal"
+        if isinstance(value, ast.Tuple):  # an immutable tuple can still hold one shared mutable object
+            inner = next(filter(None, map(self._mutable_default, value.elts)), None)
+            return f"a tuple holding {inner}" if inner else None
         if isinstance(value, ast.Name) and value.id in self.module_containers:
             return f"the module-level container {value.id}"
         if not isinstance(value, ast.Call):

@@ -82,6 +82,7 @@ BAD = [
     ("mutable-default", "_C = {}\ndef f(x, c=_C):\n    pass\n", 2),
     ("mutable-default", "class K:\n    def __call__(self, x, _memo=[]):\n        pass\n", 2),
     ("mutable-default", "F = lambda x, _c={}: _c.setdefault(x, 0)\n", 1),
+    ("mutable-default", "def f(x, _s=(1, [])):\n    _s[1].append(x)\n", 1),
     ("lazy-tensor", HEAD + "class Lazy(torch.Tensor):\n    pass\n", 4),
     ("lazy-tensor", SIG + "    return router_logits.as_subclass(object)\n", 2),
     ("syntax", "def f(:\n", 1),
