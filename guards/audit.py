@@ -20,10 +20,18 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
   name), ``global`` counters and other per-call state (``+=`` on module-level names), and
   ``functools.cache``/``lru_cache`` on functions that take the op's tensors;
+- ``mutable-default``: a mutable default argument of any function or lambda (a list, dict or set
+  literal or comprehension; ``dict()``, ``list()``, ``set()``, ``bytearray()``, anything from
+  ``collections``, ``SimpleNamespace()``; a tensor or array factory such as ``torch.zeros``; an instance
+  of a class defined in the file; a module-level container): Python evaluates it once, so it is state
+  kept across calls (``def f(x, _cache={})``, ``_n=[0]``) out of sight of the ``global-state`` rule;
 - ``lazy-tensor``: tensor subclasses and ``__torch_function__``/``__torch_dispatch__`` hooks.
 
 Compile caches keyed by dtype or block size (what CuTe DSL and Triton kernels keep) do not match
-these rules, and neither does plain tensor code: the good fixtures must pass.
+these rules, and neither does plain tensor code: the good fixtures must pass. ``None``, numbers,
+strings, tuples, ``frozenset()`` and dtypes as defaults are immutable and never flagged. State held in
+a closure built by a factory or on an object's attributes is not seen (it looks the same as a compile
+cache or an autotuner's configuration); the runtime guards exist for what the source does not show.
 
 Source: issue 7 ("Static audit guard"); DESIGN.md "Trust model".
 """
@@ -101,6 +109,14 @@ SAFE_TENSOR_ATTRS = {"dtype", "device", "is_cuda", "ndim", "layout", "is_contigu
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "__setitem__", "appendleft", "put"}
 CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary",
                    "WeakKeyDictionary", "ChainMap"}
+MUTABLE_DEFAULT_CALLS = CONTAINER_CALLS | {"bytearray", "SimpleNamespace", "UserDict", "UserList", "array"}
+"""Calls that build a mutable object: as a default argument, one object shared by every call."""
+MUTABLE_DEFAULT_MODULES = ("collections", "types.SimpleNamespace", "array", "queue", "weakref")
+"""Modules (or members) whose call results are mutable containers."""
+TENSOR_FACTORIES = {"tensor", "as_tensor", "asarray", "from_numpy", "zeros", "ones", "empty", "full", "arange",
+                    "linspace", "rand", "randn", "randint", "zeros_like", "ones_like", "empty_like", "full_like",
+                    "array", "Tensor", "FloatTensor", "LongTensor", "IntTensor", "empty_strided"}
+"""Factories of tensors (torch) and arrays (numpy): mutable in place (``t += 1``, ``t[0] = x``)."""
 SUSPICIOUS_STRINGS = (
     (re.compile(r"(^|/)tasks/|reference\.py|_wb_task_|(^|[/.])guards[/.]|(^|/)workbench/|\.workbench|"
                 r"(^|/)\.git(/|$)|conftest|sitecustomize|\.pth$|/proc/|(^|/)\.\./"), "harness-reference"),
@@ -180,6 +196,7 @@ class _PyAudit(ast.NodeVisitor):
         self.imported: dict[str, str] = {}  # local name -> module or module.member it is bound to
         self.module_containers: set[str] = set()
         self.module_names: set[str] = set()
+        self.classes: set[str] = set()
         self.func_depth = 0
         self.locals_stack: list[set[str]] = []
         self.aliases: dict[str, ast.AST] = {}  # function-local name -> the value it was assigned
@@ -196,6 +213,7 @@ class _PyAudit(ast.NodeVisitor):
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for a in node.names:
                     self.imported[a.asname or a.name] = f"{node.module}.{a.name}"
+        self.classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         for node in tree.body:
             targets = []
             if isinstance(node, ast.Assign):
@@ -283,7 +301,51 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "harness-reference", f"from {mod} import *: hides what is used")
 
     # --- functions, classes ---------------------------------------------------------------------
+    def _mutable_default(self, value: ast.AST) -> str | None:
+        """What makes a default value mutable (words), or ``None`` for an immutable one."""
+        kinds = {ast.List: "a list", ast.Dict: "a dict", ast.Set: "a set", ast.ListComp: "a list",
+                 ast.DictComp: "a dict", ast.SetComp: "a set"}
+        if type(value) in kinds:
+            return f"{kinds[type(value)]} literal"
+        if isinstance(value, ast.Tuple):  # an immutable tuple can still hold one shared mutable object
+            inner = next(filter(None, map(self._mutable_default, value.elts)), None)
+            return f"a tuple holding {inner}" if inner else None
+        if isinstance(value, ast.Name) and value.id in self.module_containers:
+            return f"the module-level container {value.id}"
+        if not isinstance(value, ast.Call):
+            return None
+        f = value.func
+        dotted = _dotted(f)
+        root = dotted.split(".")[0]
+        if root in self.imported:  # resolve import aliases: Counter -> collections.Counter
+            dotted = self.imported[root] + dotted[len(root):]
+        last = dotted.rsplit(".", 1)[-1]
+        if isinstance(f, ast.Name) and f.id in self.classes:
+            return f"an instance of {f.id}, a class of this file"
+        if last in MUTABLE_DEFAULT_CALLS or any(dotted == m or dotted.startswith(m + ".") for m in MUTABLE_DEFAULT_MODULES):
+            return f"{dotted}()"
+        if dotted.split(".")[0] in ("torch", "numpy", "np") and last in TENSOR_FACTORIES:
+            return f"a tensor ({dotted}())"
+        return None
+
+    def _check_defaults(self, node, name: str) -> None:
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        for arg, default in pairs:
+            why = self._mutable_default(default)
+            if why:
+                self.add(default, "mutable-default",
+                         f"default argument {arg.arg}= of {name} is {why}: created once and shared by every "
+                         "call, so it keeps state across calls of the op")
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self._check_defaults(node, "a lambda")
+        self.generic_visit(node)
+
     def _visit_function(self, node) -> None:
+        self._check_defaults(node, f"{node.name}()")
         params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
         if node.args.vararg:
             params.add(node.args.vararg.arg)

@@ -37,6 +37,16 @@ class Fixture:
         return self.devices is None or device in self.devices
 
 
+def read_requires(folder: Path) -> dict[str, tuple[str, ...]]:
+    """Devices per fixture name from ``folder/requires.toml`` (``[name] devices = [...]``); ``{}`` without one.
+
+    The same file format serves ``tasks/<task>/fixtures/`` and the exploit corpus's ``tests/exploits/honest/``.
+    """
+    path = Path(folder) / "requires.toml"
+    data = tomllib.loads(path.read_text()) if path.is_file() else {}
+    return {name: tuple(v["devices"]) for name, v in data.items() if isinstance(v, dict) and "devices" in v}
+
+
 def list_fixtures(task: TaskSpec) -> list[Fixture]:
     """Every fixture of the task, good first, sorted by name.
 
@@ -44,8 +54,7 @@ def list_fixtures(task: TaskSpec) -> list[Fixture]:
         ValueError: a bad fixture's name does not start with a known guard name.
     """
     out = []
-    req_path = Path(task.root) / "fixtures" / "requires.toml"
-    requires = tomllib.loads(req_path.read_text()) if req_path.is_file() else {}
+    requires = read_requires(Path(task.root) / "fixtures")
     for kind in ("good", "bad"):
         d = Path(task.root) / "fixtures" / kind
         if not d.is_dir():
@@ -62,8 +71,7 @@ def list_fixtures(task: TaskSpec) -> list[Fixture]:
                         f"Task {task.task_id!r}: bad fixture {p.name!r} must start with the guard that rejects "
                         f"it ({', '.join(GUARD_NAMES)}) followed by '-'; rename it."
                     )
-            devs = requires.get(name, {}).get("devices")
-            out.append(Fixture(name, p, kind == "good", guard, tuple(devs) if devs is not None else None))
+            out.append(Fixture(name, p, kind == "good", guard, requires.get(name)))
     return out
 
 

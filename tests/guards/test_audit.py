@@ -69,6 +69,20 @@ BAD = [
     ("global-state", "_N = 0\n" + SIG + "    global _N\n    _N += 1\n", 3),
     ("global-state", "import functools\n@functools.lru_cache(None)\n" + SIG + "    pass\n", 2),
     ("global-state", "from functools import cache\n@cache\ndef helper(router_logits):\n    pass\n", 2),
+    ("mutable-default", "def moe_route_dispatch(router_logits, _cache={}, **kw):\n    pass\n", 1),
+    ("mutable-default", "def helper(x,\n           _n=[0]):\n    _n[0] += 1\n", 2),
+    ("mutable-default", SIG.replace("**kw", "*, _seen=set(), **kw") + "    pass\n", 1),
+    ("mutable-default", "from collections import Counter\n" + SIG.replace("**kw", "_c=Counter(), **kw") + "    pass\n", 2),
+    ("mutable-default", "import collections as co\ndef f(x, d=co.defaultdict(list)):\n    pass\n", 2),
+    ("mutable-default", "def f(x, d=dict()):\n    pass\n", 1),
+    ("mutable-default", "def f(x, d={k: 0 for k in range(3)}):\n    pass\n", 1),
+    ("mutable-default", HEAD + "def f(x, buf=torch.zeros(4)):\n    buf += 1\n", 4),
+    ("mutable-default", "from types import SimpleNamespace\ndef f(x, s=SimpleNamespace(n=0)):\n    pass\n", 2),
+    ("mutable-default", "class _State:\n    n = 0\n\ndef f(x, s=_State()):\n    pass\n", 4),
+    ("mutable-default", "_C = {}\ndef f(x, c=_C):\n    pass\n", 2),
+    ("mutable-default", "class K:\n    def __call__(self, x, _memo=[]):\n        pass\n", 2),
+    ("mutable-default", "F = lambda x, _c={}: _c.setdefault(x, 0)\n", 1),
+    ("mutable-default", "def f(x, _s=(1, [])):\n    _s[1].append(x)\n", 1),
     ("lazy-tensor", HEAD + "class Lazy(torch.Tensor):\n    pass\n", 4),
     ("lazy-tensor", SIG + "    return router_logits.as_subclass(object)\n", 2),
     ("syntax", "def f(:\n", 1),
@@ -112,6 +126,10 @@ HONEST = [
     "    kw['topk_ids'].fill_(-1)\n    g = torch.cuda.CUDAGraph()\n    s = torch.cuda.current_stream()\n",
     "import os.path\nimport math\nHERE = os.path.dirname('x')\nLIMIT = math.inf\n",
     '"""Docstring mentioning tasks/k3_moe_dispatch/reference.py and guards.perf is inert."""\n',
+    # immutable defaults: None (the idiom for an optional buffer), numbers, strings, tuples, dtypes
+    HEAD + "def f(x, out=None, *, block=16, name='k', shape=(1, 2), frozen=frozenset(), dtype=torch.float32,\n"
+    "      inf=float('inf'), fn=len):\n    if out is None:\n        out = []\n    return out\n",
+    "g = lambda x, scale=1.0, cache=None: x\n",
 ]
 
 
@@ -162,3 +180,24 @@ def test_audit_runs_right_after_isolation():
     from workbench.pipeline import default_guards
 
     assert [g.name for g in default_guards()][:3] == ["isolation", "audit", "correctness"]
+
+
+def test_mutable_default_fixture_fails_the_guard_naming_the_default(fresh_repo):
+    """``audit-mutable-default-state`` keeps an output cache in ``_cache={}``: the guard FAILs on that line."""
+    fx = next(f for f in list_fixtures(load_task(fresh_repo, "k3_moe_dispatch")) if f.name == "audit-mutable-default-state")
+    src = (fx.path / KPATH).read_text()
+    line = next(i for i, ln in enumerate(src.splitlines(), 1) if ln.strip() == "_cache={}):")
+    base, cand = _commit_overlay(fresh_repo, fx.path)
+    v = AuditGuard().check(_ctx(fresh_repo, base, cand))
+    assert v.status is Status.FAIL
+    assert [(e.name, e.path) for e in v.evidence] == [("mutable-default", f"{KPATH}:{line}")]
+    assert f"{KPATH}:{line} [mutable-default] default argument _cache= of moe_route_dispatch()" in v.summary
+
+
+def test_state_the_audit_cannot_see_is_left_to_the_runtime_guards():
+    """The model_eval drift fixture keeps its call counts on an object (as an autotuner does): no finding,
+    so model_eval, not the audit, must reject it (tests/workbench/test_fixtures_e2e.py)."""
+    drift = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/bad/model_eval-drifts-over-long-generation" / KPATH
+    src = drift.read_text()
+    assert "self.calls[key] += 1" in src and "moe_route_dispatch = _CallCountAutotuner()" in src
+    assert _findings(src) == []
