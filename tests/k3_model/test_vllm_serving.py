@@ -6,7 +6,8 @@ exists and the trace can show it running). Checks: greedy output of ``latency_sp
 ``standard``; seeded temperature sampling with top-k/top-p repeats exactly; a JSON-schema request
 (xgrammar) returns valid JSON; a long prompt is served; every decode step took the latency-specialized
 MoE dispatch and every prefill/mixed step the standard one (the trace). Speculative decoding (ngram,
-D = 7) keeps greedy output equal and its verification steps are classified as decode.
+D = 7, on a token-id prompt that makes it draft) serves, in float32, exactly the greedy tokens of a plain
+forward pass, and its verification steps are classified as decode.
 
 Without vllm these tests skip, except under ``CI=true``, where they fail: CI must run them.
 Runtime on 2 busy cores: about 1-2 minutes per server start.
