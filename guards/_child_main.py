@@ -224,6 +224,14 @@ def _load_baseline_kernel(path, op):
     return mod
 
 
+def _load_sibling(name):
+    """Import ``guards/<name>.py`` beside this file by path (the worktree's ``guards`` may lack or shadow it)."""
+    spec = importlib.util.spec_from_file_location(f"_wb_{name}", os.path.join(os.path.dirname(__file__), name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _imported_files(worktree):
     """Worktree files (relative paths) of every module imported in this process so far."""
     root = os.path.realpath(worktree)
@@ -350,7 +358,7 @@ def main() -> int:
         fn = getattr(importlib.import_module(mod_name), fn_name)
         watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
         before = _snapshot(watched)  # the candidate's kernel is not imported yet
-        standard_only = req["mode"] == "model_eval" and req["decode_backend"] == "standard"
+        standard_only = req["mode"] in ("model_eval", "model_eval_vllm") and req["decode_backend"] == "standard"
         scope = None if standard_only else declared_scope(req["op"])  # standard runs never import kernel code
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
@@ -363,6 +371,8 @@ def main() -> int:
             response["imported_files"] = _imported_files(worktree)
         elif req["mode"] == "model_eval":
             response["model_eval"] = _model_eval(req)
+        elif req["mode"] == "model_eval_vllm":  # K3-mini through vLLM: guards/_child_vllm.py, loaded by path
+            response["model_eval"] = _load_sibling("_child_vllm").run(req, worktree)
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))

