@@ -38,7 +38,7 @@ def test_run_rejects_bad_with_exit_1(project_repo):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["run", "no_such_task", "--candidate", GOOD], "known tasks: k3_dspark_verify, k3_moe_dispatch"),
+    (["run", "no_such_task", "--candidate", GOOD], "known tasks: k3_allreduce_rmsnorm, k3_dspark_verify, k3_moe_dispatch"),
     (["run", "k3_moe_dispatch", "--candidate", "missing.patch"], "not a patch file, not a folder"),
     (["run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "tpu"], "--device 'tpu': expected cpu, cuda or auto"),
     (["report", "nope.json"], "does not exist"),
