@@ -57,8 +57,7 @@ def run_bench_distributed(root: Path, task, worktree: Path, *, candidate: str | 
                              "Pass --world-sizes with sizes that fit.")
         out = out_dir / f"{task.task_id}_tp{world}.json"
         init = f"tcp://127.0.0.1:{free_tcp_port()}"
-        env = dict(os.environ, **NO_MULTICAST_ENV,
-                   PYTHONPATH=os.pathsep.join([str(worktree), str(Path(__file__).resolve().parents[1])]))
+        env = dict(os.environ, **NO_MULTICAST_ENV, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
         procs, logs = [], []
         for rank in range(world):
             args = {"worktree": str(worktree), "task_root": str(task.root), "task_id": task.task_id,
@@ -67,8 +66,11 @@ def run_bench_distributed(root: Path, task, worktree: Path, *, candidate: str | 
                     "rank": rank, "world": world, "init": init}
             log = tempfile.TemporaryFile("w+")  # not in out_dir: result folders hold results only
             logs.append(log)
+            # started from the workbench checkout (its harness); the rank puts the worktree first on
+            # sys.path before importing k3_model, so the candidate's kernel is the one measured
             procs.append(subprocess.Popen([sys.executable, "-m", "workbench.bench_dist", json.dumps(args)],
-                                          cwd=str(worktree), env=env, stdout=log, stderr=subprocess.STDOUT))
+                                          cwd=str(Path(__file__).resolve().parents[1]), env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
         try:
             codes = [p.wait(timeout=timeout_s) for p in procs]
         except subprocess.TimeoutExpired:
@@ -212,7 +214,8 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
             "timing": {"repetitions": reps, "flush_l2": True, "interleaved": True, "timer": "cuda_event",
                        "statistic": "median of the per-call slowest rank", "barrier_before_each_call": True},
             "nccl_env": {k: os.environ.get(k) for k in NO_MULTICAST_ENV},
-            "environment": {**envmod.collect("cuda"), "gpu_count": torch.cuda.device_count()}, "rows": rows}
+            "environment": {**envmod.collect("cuda"), "gpu_count": torch.cuda.device_count()},
+            "k3_model_from": str(Path(sys.modules["k3_model"].__file__).parent), "rows": rows}
 
 
 def plot(json_path: Path, png_path: Path) -> None:
@@ -247,7 +250,7 @@ def main(argv: list[str]) -> int:
     for k, v in NO_MULTICAST_ENV.items():
         os.environ[k] = v
     args = json.loads(argv[0])
-    sys.path.insert(0, args["worktree"])
+    sys.path.insert(0, str(Path(args["worktree"]).resolve()))  # before k3_model is imported: the candidate's
     result = _measure(args)
     if result is not None:
         Path(args["out"]).write_text(json.dumps(result, indent=1))
