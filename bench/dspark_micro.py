@@ -1,8 +1,9 @@
 """Microbenchmark of the split-vocabulary k3_dspark_verify Triton kernel on a CUDA device.
 
-For each decode batch of the bench template (workload ``k3_b1``: V 163840, D 7, one-hot drafts)
-with the very inputs ``workbench bench`` draws (``build_case`` with seed 1234 + B), and for a few
-extra draws (draft probabilities, all requests sampled, the parameter sweep), it checks the
+For each decode batch of the bench template (workload ``k3_b1``: V 163840, D 7, one-hot drafts,
+its realistic greedy/sampled mix; ``build_case`` with seed 1234 + B under the workload name
+``bench_b<B>``, so these are other draws than ``workbench bench``'s, which are named ``bench-<B>``),
+and for a few extra draws (draft probabilities, all requests sampled, the parameter sweep), it checks the
 kernel's outputs with the task's checker, counts rows by how their thresholds were resolved
 (0: no top-k / top-p or greedy, 1: exact in the refine launch, 2: serial fallback) and times the
 first 1, 2 and all 3 launches as CUDA-graph replays, the L2 flushed (256 MiB written) before each
