@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# H200 call 6 (issue 3, the missing part): the split-vocabulary k3_dspark_verify Triton kernel and the
-# k3_moe_dispatch fill change. Microbenchmark and checks (bench/dspark_micro.py), both guard verdicts
-# (timed), both decode-batch benchmarks. Results land flat in $OUT (8 files at most).
+# H200 run 6 (issue 3, the missing part): the split-vocabulary k3_dspark_verify Triton kernel and the
+# k3_moe_dispatch fill attempt (rejected in call 2 and reverted: the moe stages now judge the accepted
+# kernel). Microbenchmark and checks (bench/dspark_micro.py), both guard verdicts (timed), both
+# decode-batch benchmarks. Results land flat in $OUT (8 files at most).
 #   source .device/activate.sh && bash bench/h200_run6.sh      (from a copy of the repository root)
 # Guard children start with `python -I` and the bench child with its own PYTHONPATH, so the carried
 # packages k3_model imports (pydantic, in /tmp/site after .device/activate.sh) must be on python3's
