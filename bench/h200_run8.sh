@@ -8,7 +8,9 @@ OUT=${OUT:-$PWD/bench/out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 exec > >(tee -a "$OUT/log8.txt") 2>&1
 stage() { echo "== $(date +%T) $*"; }
-[ -d .git ] || { git init -q && git add -A && git -c user.name=wb -c user.email=wb@local commit -qm base; }
+# a fresh repository of exactly this tree: a .git left on the machine from an earlier call has an older
+# HEAD, and candidate worktrees are made from HEAD (seen in call 8: a stale base without the new op)
+rm -rf .git .workbench && git init -q && git add -A && git -c user.name=wb -c user.email=wb@local commit -qm base
 CAND=tasks/k3_allreduce_rmsnorm/fixtures/good/triton-nccl-cuda
 stage bench world size 1
 timeout 200 python3 -m workbench bench k3_allreduce_rmsnorm -c "$CAND" --world-size 1 --repetitions 100 --out "$OUT"
