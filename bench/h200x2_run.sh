@@ -26,8 +26,11 @@ timeout ${RUN_TIMEOUT:-240} python3 -m workbench run k3_allreduce_rmsnorm --cand
 echo "verdict wall: $(( $(date +%s) - t0 )) s"
 cp "$(ls -t .workbench/results/*.json | head -1)" "$OUT/k3_allreduce_rmsnorm_triton-nccl-cuda-tp2_run.json"
 stage bench TP 2
-timeout ${BENCH_TIMEOUT:-200} python3 -m workbench bench k3_allreduce_rmsnorm --candidate /tmp/cands/triton-nccl-cuda-tp2 \
-  --out "$OUT" --world-size 2 --repetitions ${REPS:-100}
+mkdir -p /tmp/benchlogs
+WORKBENCH_BENCH_LOG_DIR=/tmp/benchlogs WORKBENCH_BENCH_HANG_DUMP_S=${HANG_S:-100} timeout ${BENCH_TIMEOUT:-200} \
+  python3 -m workbench bench k3_allreduce_rmsnorm --candidate /tmp/cands/triton-nccl-cuda-tp2 \
+  --out "$OUT" --world-size 2 --repetitions ${REPS:-100} ${BATCHES:-}
+for f in /tmp/benchlogs/*.log; do echo "--- $f"; tail -40 "$f"; done
 stage workbench run perf bad fixture
 timeout ${RUN_TIMEOUT:-150} python3 -m workbench run k3_allreduce_rmsnorm --candidate /tmp/cands/perf-two-collectives-and-a-barrier-tp2 --device cuda --seed 22 --no-queue
 cp "$(ls -t .workbench/results/*.json | head -1)" "$OUT/k3_allreduce_rmsnorm_perf-two-collectives-and-a-barrier-tp2_run.json"

@@ -64,7 +64,9 @@ def run_bench_distributed(root: Path, task, worktree: Path, *, candidate: str | 
                     "batches": list(batches), "workload": workload or task.perf.workloads[0],
                     "repetitions": repetitions, "out": str(out), "candidate": candidate,
                     "rank": rank, "world": world, "init": init}
-            log = tempfile.TemporaryFile("w+")  # not in out_dir: result folders hold results only
+            log_dir = os.environ.get("WORKBENCH_BENCH_LOG_DIR")  # kept when set (a killed run leaves its logs)
+            log = (open(Path(log_dir) / f"{task.task_id}_tp{world}_rank{rank}.log", "w+") if log_dir
+                   else tempfile.TemporaryFile("w+"))  # not in out_dir: result folders hold results only
             logs.append(log)
             # started from the workbench checkout (its harness); the rank puts the worktree first on
             # sys.path before importing k3_model, so the candidate's kernel is the one measured
@@ -250,6 +252,9 @@ def main(argv: list[str]) -> int:
     for k, v in NO_MULTICAST_ENV.items():
         os.environ[k] = v
     args = json.loads(argv[0])
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("WORKBENCH_BENCH_HANG_DUMP_S", 600)), exit=True)
     sys.path.insert(0, str(Path(args["worktree"]).resolve()))  # before k3_model is imported: the candidate's
     result = _measure(args)
     if result is not None:
