@@ -163,6 +163,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
         std, ker = call("standard"), call("kernel")
         barrier()
         eager = timing.time_pair(std, ker, device="cuda", warmup=20, repetitions=reps, before_call=barrier)
+        print(f"rank {rank} W={world} T={T}: eager timed", flush=True)
         graphs, fresh = {}, {}
         for side, fn in (("standard", std), ("kernel", ker)):
             barrier()
@@ -176,6 +177,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
             fresh[side] = ref.check(case.inputs_b, case.kwargs, got, ref.reference(case.inputs_b, case.kwargs),
                                     task.correctness.tolerance)
             graphs[side] = g
+        print(f"rank {rank} W={world} T={T}: graphs captured and checked fresh", flush=True)
         if any(fresh.values()):
             raise RuntimeError(f"T={T}: a graph replay on new inputs is wrong: {fresh}")
         graph = timing.time_pair(graphs["standard"].replay, graphs["kernel"].replay, device="cuda", warmup=10,
