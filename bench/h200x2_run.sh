@@ -20,11 +20,13 @@ stage env
 python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version())"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv
 nvidia-smi topo -m
+if [ -z "${SKIP_RUN:-}" ]; then
 stage workbench run good
 t0=$(date +%s)
 timeout ${RUN_TIMEOUT:-240} python3 -m workbench run k3_allreduce_rmsnorm --candidate /tmp/cands/triton-nccl-cuda-tp2 --device cuda --seed 21 --no-queue
 echo "verdict wall: $(( $(date +%s) - t0 )) s"
 cp "$(ls -t .workbench/results/*.json | head -1)" "$OUT/k3_allreduce_rmsnorm_triton-nccl-cuda-tp2_run.json"
+fi
 stage bench TP 2
 mkdir -p /tmp/benchlogs
 WORKBENCH_BENCH_LOG_DIR=/tmp/benchlogs WORKBENCH_BENCH_HANG_DUMP_S=${HANG_S:-100} timeout ${BENCH_TIMEOUT:-200} \

@@ -209,7 +209,8 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
                   f"{row['kernel_graph_pct_of_floor']:.0f}% of floor", flush=True)
         del graphs
     dist.barrier()
-    dist.destroy_process_group()
+    # no destroy_process_group(): with collectives captured in CUDA graphs it hung on the H200 pair
+    # (bench/results/h200x2/log_x2_call1.txt); the process exits right after its result is written
     if rank != 0:
         return None
     return {"schema": "workbench-bench-dist/1", "task_id": task.task_id, "workload": template.name,
@@ -261,7 +262,9 @@ def main(argv: list[str]) -> int:
     result = _measure(args)
     if result is not None:
         Path(args["out"]).write_text(json.dumps(result, indent=1))
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown of the NCCL communicator (see _measure)
 
 
 if __name__ == "__main__":
