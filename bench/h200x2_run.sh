@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a 2-GPU H200 machine (nvidia-h200-x2), issue 8: the k3_allreduce_rmsnorm guards with NCCL
 # at world sizes 1 and 2 (4 and 8 need more GPUs), for the good Triton+NCCL candidate and the perf bad
-# fixture, each with its SCOPE narrowed to TP 1-2 (what this machine can judge; the committed fixtures
-# claim TP 1/2/4), then the TP 2 decode sweep.  bash bench/h200x2_run.sh  (repo root; results in $OUT)
+# fixture, each with its SCOPE narrowed to TP 1-2 (what this machine can judge; the fixtures claimed
+# TP 1/2/4 when this ran, and TP 1-2 since), then the TP 2 decode sweep.  bash bench/h200x2_run.sh  (repo root; results in $OUT)
 set -u
 OUT=${OUT:-$PWD/bench/out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
