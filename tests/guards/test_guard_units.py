@@ -205,3 +205,22 @@ def test_baseline_is_the_kernel_merged_at_the_base(fresh_repo, tmp_path):
     assert v is not None and v.guard == "perf", [x.one_line() for x in result.verdicts]
     assert {p.baseline_implementation for p in result.perf} == {"base kernel"}
     assert all(0.8 < p.speedup < 1.2 for p in result.perf)
+
+
+def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
+    """A kernel declaring TP 4 and 8 is rejected where only world sizes 1 and 2 were judged (as on a
+    2-GPU machine); the same kernel passes where they all ran (tests/workbench/test_fixtures_e2e.py)."""
+    src = project_repo / "tasks/k3_allreduce_rmsnorm/fixtures/good/oneshot-twoshot-cpu"
+    c = create_candidate(project_repo, "k3_allreduce_rmsnorm", str(src))
+    task = load_task(project_repo, "k3_allreduce_rmsnorm")
+    small = tuple(w for w in task.correctness.workloads if w.axes["W"] <= 2)
+    task = task.model_copy(update={"correctness": task.correctness.model_copy(
+        update={"workloads": small, "random_draws": 0})})
+    ctx = GuardContext(task=task, repo_root=project_repo, worktree=c.worktree, base_commit=c.base_commit,
+                       candidate_commit=c.candidate_commit, device="cpu", seed=123)
+    assert IsolationGuard().check(ctx).status is Status.PASS
+    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    assert ctx.artifacts["tested_tp_sizes"] == [1, 2]
+    v = ActivationGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert "tp_sizes [4, 8] were not judged in this run" in v.summary
