@@ -207,6 +207,10 @@ class ChildTimeout(Exception):
     """The child did not answer before its wall-clock limit (the session kills it on exit)."""
 
 
+class ChildGone(Exception):
+    """The child stopped talking (closed its pipe, or sent bytes that are not an acknowledgement)."""
+
+
 class ChildSession:
     """A running contained child (see :func:`child_session`).
 
@@ -234,12 +238,12 @@ class ChildSession:
         When the child runs under ``setpriv``, this is the clock of the python process itself.
 
         Raises:
-            ChildTimeout: the child is gone.
+            ChildGone: the child is gone.
         """
         try:
             return time.clock_gettime_ns(((~self._python_pid()) << 3) | 2)
         except OSError as exc:
-            raise ChildTimeout(f"child process is gone ({exc})") from exc
+            raise ChildGone(f"child process is gone ({exc})") from exc
 
     def _python_pid(self) -> int:
         # setpriv execs python in place: same pid
@@ -345,6 +349,8 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
                 yield session
             except ChildTimeout:
                 session.timed_out = True
+            except ChildGone:
+                pass  # its exit status and response say why
             finally:
                 timed_out = session.timed_out
                 if not timed_out:
