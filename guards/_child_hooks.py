@@ -37,6 +37,10 @@ class HarnessDenied(ValueError):
     """Raised inside candidate code for an action the judge's runtime hooks refuse."""
 
 
+class HarnessDeniedAccess(PermissionError):
+    """Raised for a refused file access (a ``PermissionError``, as the file system itself would raise)."""
+
+
 _DENY_INTROSPECTION = {"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
                        "sys.settrace", "sys.setprofile", "sys._getframe"}
 _FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"}
@@ -180,10 +184,10 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
             f = f.f_back
         return False
 
-    def deny(what: str, soft: bool = False):
+    def deny(what: str, soft: bool = False, access: bool = False):
         if not soft:
             found.append(what)
-        raise HarnessDenied(f"HarnessDenied: {what} is not allowed in candidate code (the judge's runtime hooks "
+        raise (HarnessDeniedAccess if access else HarnessDenied)(f"HarnessDenied: {what} is not allowed in candidate code (the judge's runtime hooks "
                             "refuse it; see the README's Trust model)")
 
     def hook(event: str, args) -> None:
@@ -202,15 +206,16 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
                 return
             if _writes(args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None):
                 if not _under(path, (scr, "/dev/null")):
-                    deny(f"writing {path} (outside the child's private scratch folder)")
+                    deny(f"writing {path} (outside the child's private scratch folder)", access=True)
             elif not _under(path, read_roots) and not _proc_ok(path):
-                deny(f"reading {path} (outside the worktree, the scratch folder and the Python installation)")
+                deny(f"reading {path} (outside the worktree, the scratch folder and the Python installation)",
+                     access=True)
             return
         if event in _WRITE_EVENTS:
             for a in args[:2]:
                 path = _path_of(a) if isinstance(a, (str, bytes, os.PathLike)) else None
                 if path is not None and not _under(path, (scr,)):
-                    deny(f"{event} on {path} (outside the child's private scratch folder)")
+                    deny(f"{event} on {path} (outside the child's private scratch folder)", access=True)
             return
         if event == "object.__getattr__":
             if len(args) > 1 and args[1] in _FRAME_ATTRS and is_candidate(nearest_outside_stdlib()):
