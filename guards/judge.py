@@ -117,6 +117,7 @@ class CallServer:
                 raise ChildGone("the child closed its acknowledgement pipe")
             got += chunk
         w1 = time.perf_counter_ns()
+        s.wait_blocked()  # its CPU time is up to date once it sleeps again
         c1 = s.cpu_ns()
         if got[:P.NONCE_BYTES] != s.nonce:
             raise ChildGone("acknowledgement without the session's nonce (forged bytes on the pipe)")

@@ -245,6 +245,23 @@ class ChildSession:
         except OSError as exc:
             raise ChildGone(f"child process is gone ({exc})") from exc
 
+    def wait_blocked(self, limit_s: float = 0.05) -> None:
+        """Return once the child's main thread sleeps (blocked on its command pipe), or after ``limit_s``.
+
+        The kernel brings a running task's CPU time up to date only when it is switched out (or at a
+        scheduler tick), so the judge reads the clock after the child has gone back to sleep.
+        """
+        path = f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat"
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            try:
+                with open(path, "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return
+            if state in (b"S", b"D", b"t", b"T", b"Z", b"X"):
+                return
+
     def _python_pid(self) -> int:
         # setpriv execs python in place: same pid
         return self.proc.pid
