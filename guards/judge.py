@@ -39,6 +39,8 @@ from guards import _protocol as P
 from guards.sandbox import ChildGone, ChildSession, ChildTimeout, child_session
 
 ACK_BYTES = P.NONCE_BYTES + P.ACK.size
+MIN_SAMPLE_US = 1e-3
+"""Smallest sample recorded (microseconds): the statistics take ratios, and a clock can read 0 ns apart."""
 
 
 def export_tree(repo_root: Path, commit: str, dest: Path, paths: tuple[str, ...] = ("k3_model", "kernels")) -> Path:
@@ -249,8 +251,8 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
             r.statuses.append(go.status if go.status != b"k" else read.status)
             r.outputs.append(got)
             if i >= warmup:
-                r.cpu_us.append(go.cpu_ns / 1e3)
-                r.wall_us.append(go.wall_ns / 1e3)
+                r.cpu_us.append(max(go.cpu_ns / 1e3, MIN_SAMPLE_US))
+                r.wall_us.append(max(go.wall_ns / 1e3, MIN_SAMPLE_US))
             if r.statuses[-1] != b"k":
                 return rec
     return rec
