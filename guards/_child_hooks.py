@@ -256,6 +256,23 @@ def threads() -> int:
         return threading.active_count()
 
 
+THREAD_EXIT_GRACE_S = 0.2
+"""How long a thread that was joined inside the call may take to leave ``/proc/self/task`` (seconds):
+Python's ``join`` returns before the OS thread has fully exited."""
+
+
+def settled_threads(expected: int) -> int:
+    """The thread count once it is back to ``expected``, or after :data:`THREAD_EXIT_GRACE_S`."""
+    import time
+
+    end = time.monotonic() + THREAD_EXIT_GRACE_S
+    n = threads()
+    while n > expected and time.monotonic() < end:
+        time.sleep(0.001)
+        n = threads()
+    return n
+
+
 def _denormals_flushed(torch) -> bool:
     tiny = torch.tensor([1e-39], dtype=torch.float32)
     return bool((tiny * 1.0).item() == 0.0)

@@ -55,6 +55,8 @@ def _after_call_problem():
     if changes:
         return f"TorchGlobalState: candidate code changed torch's process-wide settings: {'; '.join(changes[:3])}"
     n = _H.threads()
+    if n > c["threads"]:  # a thread joined inside the call may still be leaving the kernel's list
+        n = _H.settled_threads(c["threads"])
     if n > c["threads"]:
         return (f"BackgroundWork: the call returned with {n - c['threads']} more thread(s) than before "
                 "(kernel census, /proc/self/task): deferred work is not allowed")
