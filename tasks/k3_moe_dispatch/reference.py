@@ -1,8 +1,8 @@
 """Independent fp32 oracle and output checker for the K3 MoE routing + dispatch task.
 
 Written from the math in kernel_targets.md, not from the model's code: routing one token at a time
-(stable descending sorts, so equal scores keep ascending expert order), alignment one expert at a
-time with Python lists. Clear rather than fast (a few ms at T=64, E=896, K=16).
+(stable descending sorts, so equal scores keep ascending group and expert order; the checker accepts
+any other valid choice among ties), alignment one expert at a time with Python lists. Clear rather than fast (a few ms at T=64, E=896, K=16).
 
 Source: shared/reference/kernel_targets.md §3.1 (grouped_topk torch semantics, moe_align_block_size
 contract), §3.4 (edge cases), §3.5 (tolerances); tasks/k3_moe_dispatch/task.toml.
@@ -11,8 +11,8 @@ contract), §3.4 (edge cases), §3.5 (tolerances); tasks/k3_moe_dispatch/task.to
 from __future__ import annotations
 
 from collections import Counter
-from itertools import accumulate
-from typing import Any, Mapping
+from itertools import accumulate, combinations
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -28,6 +28,46 @@ def _descending(values: torch.Tensor) -> list[int]:
     return torch.sort(values, descending=True, stable=True).indices.tolist()
 
 
+def group_scores(choice: torch.Tensor, n_group: int) -> torch.Tensor:
+    """Score of each expert group: the sum of its top-2 biased scores (top-1 when it has one expert).
+
+    Args:
+        choice: (E,) float32 biased selection scores ``sigmoid(logits) + bias`` of one token.
+        n_group: expert groups G (E % G == 0).
+
+    Returns:
+        (G,) float32 group scores, each the larger score plus the smaller (the order torch's
+        ``topk(2).values.sum()`` adds them in).
+
+    Source: kernel_targets.md §3.1 (grouped_topk), §3.4 (vLLM PR #13474: top-2 sum).
+    """
+    per_group = choice.numel() // n_group
+    return torch.stack([
+        choice[g * per_group:(g + 1) * per_group][_descending(choice[g * per_group:(g + 1) * per_group])[:2]].sum()
+        for g in range(n_group)
+    ])
+
+
+def keep_groups(choice: torch.Tensor, n_group: int, groups: Iterable[int]) -> torch.Tensor:
+    """``choice`` with the experts of every group not in ``groups`` set to -inf (never 0).
+
+    Args:
+        choice: (E,) float32 biased selection scores of one token.
+        n_group: expert groups G.
+        groups: the kept group indices.
+
+    Returns:
+        (E,) float32.
+
+    Source: kernel_targets.md §3.4 (vLLM PR #13474: -inf mask, so negative kept scores still win).
+    """
+    per_group = choice.numel() // n_group
+    masked = torch.full_like(choice, float("-inf"))
+    for g in groups:
+        masked[g * per_group:(g + 1) * per_group] = choice[g * per_group:(g + 1) * per_group]
+    return masked
+
+
 def masked_choice(logits_row: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
     """Biased selection scores of one token, experts of non-kept groups set to -inf.
 
@@ -35,8 +75,8 @@ def masked_choice(logits_row: torch.Tensor, bias: torch.Tensor, n_group: int, to
         logits_row: (E,) float32 router logits of one token.
         bias: (E,) float32 e_score_correction_bias.
         n_group: expert groups G (E % G == 0).
-        topk_group: groups kept TG; a group's score is the sum of its top-2 biased scores
-            (top-1 when the group has one expert).
+        topk_group: groups kept TG (the largest :func:`group_scores`; equal scores keep ascending
+            group order).
 
     Returns:
         (E,) float32 ``c = sigmoid(logits) + bias``, -inf (never 0) outside the kept groups.
@@ -46,15 +86,60 @@ def masked_choice(logits_row: torch.Tensor, bias: torch.Tensor, n_group: int, to
     choice = torch.sigmoid(logits_row.float()) + bias.float()
     if n_group == 1:
         return choice
-    per_group = choice.numel() // n_group
-    group_scores = torch.stack([
-        choice[g * per_group:(g + 1) * per_group][_descending(choice[g * per_group:(g + 1) * per_group])[:2]].sum()
-        for g in range(n_group)
-    ])
-    masked = torch.full_like(choice, float("-inf"))
-    for g in _descending(group_scores)[:topk_group]:
-        masked[g * per_group:(g + 1) * per_group] = choice[g * per_group:(g + 1) * per_group]
-    return masked
+    return keep_groups(choice, n_group, _descending(group_scores(choice, n_group))[:topk_group])
+
+
+def group_choices(choice: torch.Tensor, n_group: int, topk_group: int,
+                  must_include: Iterable[int] = ()) -> tuple[list[list[int]], list[int]]:
+    """Every set of kept groups a correct kernel may pick, the reference's first.
+
+    Groups whose scores tie (exactly, or within ``NEAR_TIE_REL * max|group score|``, the rule §3.5
+    sets for experts) across the topk_group boundary are interchangeable: a kernel may keep any of
+    them, and which one ``torch.topk`` keeps is unspecified. Groups scoring above the window are
+    always kept; the rest of the TG slots are filled from the tied ones.
+
+    Args:
+        choice: (E,) float32 biased selection scores of one token.
+        n_group: expert groups G.
+        topk_group: groups kept TG.
+        must_include: groups the alternatives must contain (those the candidate's experts lie in);
+            alternatives that cannot contain them all are left out.
+
+    Returns:
+        (sets, tied): ``sets`` the reference's kept groups (ascending order among equals) followed by
+        every other valid set that contains ``must_include``; ``tied`` the groups inside the tie
+        window at the boundary, ``[]`` when the boundary is not a tie.
+
+    Source: kernel_targets.md §3.5 (near-tie swaps), applied to group scores; issue 12 (exact ties
+    between group scores rejected every choice but the lowest index).
+    """
+    if n_group == 1:
+        return [[0]], []
+    gs = group_scores(choice, n_group)
+    order = _descending(gs)
+    reference = order[:topk_group]
+    if topk_group == n_group:
+        return [reference], []
+    v_tg, v_tg1 = float(gs[order[topk_group - 1]]), float(gs[order[topk_group]])
+    finite = gs[torch.isfinite(gs)]
+    window = NEAR_TIE_REL * float(finite.abs().max()) if finite.numel() else 0.0
+    if not v_tg - v_tg1 < window and not v_tg == v_tg1:
+        return [reference], []
+    above = [g for g in order if float(gs[g]) > v_tg + window]
+    tied = [g for g in order if g not in above and v_tg1 - window <= float(gs[g]) <= v_tg + window]
+    need = set(must_include)
+    if not need <= set(above) | set(tied):
+        return [reference], sorted(tied)
+    forced = sorted(need & set(tied))
+    free = sorted(set(tied) - need)
+    slots = topk_group - len(above) - len(forced)
+    sets = [reference]
+    if slots >= 0:
+        for extra in combinations(free, slots):
+            kept = sorted([*above, *forced, *extra])
+            if kept != sorted(reference):
+                sets.append(kept)
+    return sets, sorted(tied)
 
 
 def expert_weights(logits_row: torch.Tensor, ids: list[int], renormalize: bool, scale: float) -> torch.Tensor:
@@ -158,6 +243,30 @@ def _add(msgs: list[str], name: str, items: list[str]) -> None:
         msgs.append(f"{name}: {len(items) - _PER_OUTPUT} more mismatching elements not listed")
 
 
+def _not_a_top_k(c: torch.Tensor, got_ids: list[int], want_ids: list[int]) -> str | None:
+    """Why ``got_ids`` is not a valid top-K of the masked scores ``c`` (``None`` when it is).
+
+    Valid: the same set as ``want_ids`` (a top-K of ``c``), or a near-tie swap: the K-th and (K+1)-th
+    scores closer than ``NEAR_TIE_REL * max|c|`` and every swapped expert inside
+    ``[c_(K+1) - w, c_(K) + w]``.
+
+    Source: kernel_targets.md §3.5.
+    """
+    if set(got_ids) == set(want_ids):
+        return None
+    K, E = len(want_ids), c.numel()
+    vals = torch.sort(c, descending=True).values
+    v_k = float(vals[K - 1])
+    v_k1 = float(vals[K]) if K < E else float("-inf")
+    finite = c[torch.isfinite(c)]
+    window = NEAR_TIE_REL * float(finite.abs().max())
+    outside = sorted(e for e in set(got_ids) ^ set(want_ids) if not v_k1 - window <= float(c[e]) <= v_k + window)
+    if v_k - v_k1 < window and not outside:
+        return None
+    return (f"experts {outside} lie outside the tie window [{v_k1 - window:.9g}, {v_k + window:.9g}]"
+            if v_k - v_k1 < window else f"not a near-tie: K-th/(K+1)-th biased gap {v_k - v_k1:.3g} >= {window:.3g}")
+
+
 def _check_row(t: int, inputs, params, got_ids: list[int], got_w: torch.Tensor, want_ids: list[int],
                want_w: torch.Tensor, tol) -> tuple[list[str], list[str]]:
     """(topk_ids mismatches, topk_weights mismatches) of one valid row; no ids mismatch = row accepted."""
@@ -172,20 +281,29 @@ def _check_row(t: int, inputs, params, got_ids: list[int], got_w: torch.Tensor, 
                 f"got {got_ids}" + (f"; out of range {bad}" if bad else "") + (f"; duplicated {dupes}" if dupes else "")], nonfinite
     expected = dict(zip(want_ids, want_w.tolist()))
     if set(got_ids) != set(want_ids):
-        c = masked_choice(logits, bias, int(params["n_group"]), int(params["topk_group"]))
-        vals = torch.sort(c, descending=True).values
-        v_k = float(vals[K - 1])
-        v_k1 = float(vals[K]) if K < E else float("-inf")
-        finite = c[torch.isfinite(c)]
-        window = NEAR_TIE_REL * float(finite.abs().max())
-        outside = sorted(e for e in set(got_ids) ^ set(want_ids) if not v_k1 - window <= float(c[e]) <= v_k + window)
-        if v_k - v_k1 >= window or outside:
-            why = (f"experts {outside} lie outside the tie window [{v_k1 - window:.9g}, {v_k + window:.9g}]"
-                   if v_k - v_k1 < window else f"not a near-tie: K-th/(K+1)-th biased gap {v_k - v_k1:.3g} >= {window:.3g}")
+        G, TG = int(params["n_group"]), int(params["topk_group"])
+        choice = torch.sigmoid(logits.float()) + bias.float()
+        per_group = E // G
+        sets, tied = group_choices(choice, G, TG, {e // per_group for e in got_ids})
+        problems = []
+        for kept in sets:  # the reference's groups first
+            c = keep_groups(choice, G, kept) if G > 1 else choice
+            problem = _not_a_top_k(c, got_ids, _descending(c)[:K])
+            if problem is None:
+                break
+            problems.append(problem)
+        else:
+            got_groups = sorted({e // per_group for e in got_ids})
+            ties = ""
+            if len(sets) > 1:
+                ties = (f"; nor with groups {sets[1]} kept (groups {tied} tie at the topk_group boundary): "
+                        f"{problems[1]}" + (f" ({len(sets) - 2} other choices fail too)" if len(sets) > 2 else ""))
+            elif tied:
+                ties = f"; groups {tied} tie at the topk_group boundary, but the candidate's experts lie in groups {got_groups}"
             return [f"topk_ids[{t}]: missing experts {sorted(set(want_ids) - set(got_ids))}, extra "
                     f"{sorted(set(got_ids) - set(want_ids))} (expected {_short(sorted(want_ids))} in any order, got "
-                    f"{_short(sorted(got_ids))}); {why}"], []
-        # Legit near-tie swap: the weights of got's set are recomputed from the inputs.
+                    f"{_short(sorted(got_ids))}); {problems[0]}{ties}"], []
+        # A legit tie swap (of experts or of groups): the weights of got's set are recomputed from the inputs.
         recomputed = expert_weights(logits, got_ids, bool(params["renormalize"]), float(params["routed_scaling_factor"]))
         expected = dict(zip(got_ids, recomputed.tolist()))
     exp_w = torch.tensor([expected[e] for e in got_ids], dtype=torch.float32)
@@ -248,8 +366,11 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
 
     ids are compared as sets per row (order free, no duplicates, -1 on padding rows); a swap is
     allowed only in near-tie rows (K-th and (K+1)-th masked biased scores closer than
-    ``NEAR_TIE_REL * max|c|``) and only for experts inside ``[c_(K+1) - w, c_(K) + w]``; weights are
-    matched per expert id with ``torch.isclose`` (recomputed for got's set after a legit swap); the
+    ``NEAR_TIE_REL * max|c|``) and only for experts inside ``[c_(K+1) - w, c_(K) + w]``; with
+    grouping, groups whose scores tie at the topk_group boundary may be kept in any valid
+    combination (:func:`group_choices`), and got's set must then be such a top-K of the experts of
+    some valid combination; weights are matched per expert id with ``torch.isclose`` (recomputed for
+    got's set after a legit swap of experts or groups); the
     alignment is checked as invariants over got's own ids (the reference's in rows whose ids are
     rejected, so one wrong row is not reported twice), segments located from the counts.
 
@@ -264,7 +385,7 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
         One-line mismatch descriptions (output, index, expected, got), at most ``MAX_MESSAGES`` + 1;
         empty when the candidate is correct.
 
-    Source: kernel_targets.md §3.5; task.toml [correctness.tolerance].
+    Source: kernel_targets.md §3.5; task.toml [correctness.tolerance]; issue 12 (group-score ties).
     """
     cpu = lambda d: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in d.items()}  # noqa: E731
     inputs, got, want = cpu(inputs), cpu(got), cpu(want)  # the candidate may have run on a GPU

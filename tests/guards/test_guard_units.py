@@ -224,3 +224,43 @@ def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "tp_sizes [4, 8] were not judged in this run" in v.summary
+
+
+def test_inputs_unchanged_is_bitwise():
+    """NaN over a zero, -0.0 over +0.0 and another NaN payload are changes; the old comparison through
+    ``nan_to_num`` saw none of them (issue 12, "inputs-unchanged compared through nan_to_num")."""
+    import torch
+
+    from guards.correctness import _inputs_changed
+
+    bias = torch.zeros(8)
+    logits = torch.tensor([[1.0, float("nan"), -2.0, 0.5]])
+    before = {"bias": bias, "logits": logits, "valid": torch.ones(1, dtype=torch.bool)}
+    assert _inputs_changed(before, {k: v.clone() for k, v in before.items()}) == []  # NaN in place: unchanged
+
+    nan_over_zero = bias.clone()
+    nan_over_zero[3] = float("nan")
+    neg_zero = bias.clone()
+    neg_zero[5] = -0.0
+    payload = logits.clone()
+    payload.view(torch.int32)[0, 1] = 0x7FC00001  # still NaN, other bits
+    assert torch.isnan(payload[0, 1])
+    for name, after in (("bias", nan_over_zero), ("bias", neg_zero), ("logits", payload)):
+        old = torch.equal(torch.nan_to_num(after), torch.nan_to_num(before[name]))
+        assert old, "the old check passed this change"
+        assert _inputs_changed(before, {**before, name: after}) == [name]
+    half = torch.tensor([0.0, 1.0], dtype=torch.bfloat16)
+    assert _inputs_changed({"x": half}, {"x": torch.tensor([-0.0, 1.0], dtype=torch.bfloat16)}) == ["x"]
+    assert _inputs_changed({"x": half}, {"x": half.float()}) == ["x"]  # replaced by another dtype
+    assert _inputs_changed({"x": half}, {}) == ["x"]  # not sent back
+
+
+def test_negative_zero_written_over_a_zero_input_fails_correctness(project_repo, tmp_path):
+    """A kernel that flips the sign of the caller's zero bias (the ``ties`` workload's) is rejected
+    although every output is right; bad fixture correctness-writes-nan-into-input writes NaN there."""
+    src = (project_repo / GOOD).read_text() + (
+        "    e_score_correction_bias.masked_fill_(e_score_correction_bias == 0, -0.0)\n")
+    ctx = _candidate(project_repo, tmp_path, src, "neg-zero-bias")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL, v.one_line()
+    assert "edge_ties" in v.summary and "mutated input(s) e_score_correction_bias" in v.summary

@@ -236,6 +236,80 @@ def test_check_accepts_near_tie_swap_and_rejects_bad_swaps() -> None:
     assert ref.check(inputs, params, stale, want, TOL)  # alignment must follow got's own ids
 
 
+GROUP_TIES = dict(top_k=8, n_group=8, topk_group=4, block_size=16, renormalize=True, routed_scaling_factor=2.5)
+"""DeepSeek-V3-like grouping (grouped_t64's parameters) on the ``ties`` inputs: every group's top-2 sum
+is 2 sigmoid(2) in almost every row, so the 4 kept groups are an exact 8-way tie."""
+
+
+def _highest_index_first(inputs: dict, params: dict) -> dict:
+    """The reference's routing with every tie broken toward the highest index (group and expert):
+    the reference on the expert axis reversed (reversing it reverses the groups too), mapped back."""
+    flipped = dict(inputs, router_logits=inputs["router_logits"].flip(-1).contiguous(),
+                   e_score_correction_bias=inputs["e_score_correction_bias"].flip(-1).contiguous())
+    E = inputs["router_logits"].shape[1]
+    want_f = ref.reference(flipped, params)
+    valid = inputs["token_valid"]
+    ids = torch.where(valid.unsqueeze(1), E - 1 - want_f["topk_ids"], want_f["topk_ids"])
+    return {"topk_weights": want_f["topk_weights"].clone(), "topk_ids": ids,
+            **ref.align(torch.where(valid.unsqueeze(1), ids, torch.full_like(ids, -1)), E, params["block_size"])}
+
+
+def _groups(ids: torch.Tensor, per_group: int) -> list[set[int]]:
+    return [{int(e) // per_group for e in row} for row in ids]
+
+
+def test_check_accepts_any_choice_among_exactly_tied_groups() -> None:
+    inputs = inp.make_inputs({"T": 16, "E": 256}, 3, "ties")
+    want = ref.reference(inputs, GROUP_TIES)
+    got = _highest_index_first(inputs, GROUP_TIES)
+    ref_groups, got_groups = _groups(want["topk_ids"], 32), _groups(got["topk_ids"], 32)
+    assert sum(a != b for a, b in zip(ref_groups, got_groups)) >= 12  # the tie really is broken otherwise
+    choice = torch.sigmoid(inputs["router_logits"][0]) + inputs["e_score_correction_bias"]
+    sets, tied = ref.group_choices(choice, 8, 4, got_groups[0])
+    assert len(tied) > 4 and all(got_groups[0] <= set(kept) and len(kept) == 4 for kept in sets[1:]) and len(sets) > 1
+    assert ref.check(inputs, GROUP_TIES, got, want, TOL) == []
+    assert ref.check(inputs, GROUP_TIES, _standard(inputs, GROUP_TIES), want, TOL) == []  # torch.topk's own pick
+
+
+def test_check_rejects_untied_groups_wrong_experts_and_stale_weights_under_group_ties() -> None:
+    inputs = inp.make_inputs({"T": 16, "E": 256}, 3, "ties")
+    want = ref.reference(inputs, GROUP_TIES)
+    got = _highest_index_first(inputs, GROUP_TIES)
+    # a group outside the tie: lower every logit of group 7 in row 0 so its score drops below the others
+    low = {k: v.clone() for k, v in inputs.items()}
+    low["router_logits"][0, 7 * 32:] = -1.0
+    want_low = ref.reference(low, GROUP_TIES)
+    assert 7 in _groups(got["topk_ids"], 32)[0] and 7 not in _groups(want_low["topk_ids"], 32)[0]
+    msgs = ref.check(low, GROUP_TIES, got, want_low, TOL)
+    assert msgs[0].startswith("topk_ids[0]: missing experts") and "lie in groups [7]" in msgs[0], msgs[0]
+    assert not any(m.startswith("topk_ids[") and not m.startswith("topk_ids[0]") for m in msgs)  # row 0 only
+    # tied groups, but not a top-8 of their experts: the row-0 expert with the lowest score instead of a top one
+    bad = {k: v.clone() for k, v in got.items()}
+    g0 = sorted(_groups(got["topk_ids"], 32)[0])[0]
+    block = inputs["router_logits"][0, g0 * 32:(g0 + 1) * 32]
+    worst = g0 * 32 + int(block.argmin())
+    assert float(block.min()) < float(block.max())
+    slot = next(k for k, e in enumerate(bad["topk_ids"][0].tolist()) if e // 32 == g0)
+    bad["topk_ids"][0, slot] = worst
+    bad["topk_weights"][0] = ref.expert_weights(inputs["router_logits"][0], bad["topk_ids"][0].tolist(), True, 2.5)
+    bad.update(ref.align(bad["topk_ids"], 256, 16))
+    msgs = ref.check(inputs, GROUP_TIES, bad, want, TOL)
+    assert msgs and msgs[0].startswith("topk_ids[0]") and "tie at the topk_group boundary): experts [" in msgs[0]
+    # a valid swapped set with the reference's weights (not its own): weights are checked for the chosen set
+    stale = {k: v.clone() for k, v in got.items()}
+    stale["topk_weights"][0] = torch.linspace(0.1, 0.8, 8)
+    assert any(m.startswith("topk_weights[0,") for m in ref.check(inputs, GROUP_TIES, stale, want, TOL))
+
+
+def test_group_choices_without_a_tie_is_the_reference_alone() -> None:
+    inputs, params, want = _case("grouped_t5")
+    for t in range(5):
+        choice = torch.sigmoid(inputs["router_logits"][t]) + inputs["e_score_correction_bias"]
+        sets, tied = ref.group_choices(choice, 8, 4, ())
+        assert tied == [] and len(sets) == 1
+        assert sets[0] == sorted(sets[0], key=lambda g: -float(ref.group_scores(choice, 8)[g]))
+
+
 def test_check_accepts_permuted_rows_and_segments() -> None:
     inputs, params, want = _case("k3_t8")
     gen = torch.Generator().manual_seed(0)
@@ -309,7 +383,7 @@ def _configs(draw):
     per_group = draw(st.integers(1, 5))
     TG = draw(st.integers(1, G))
     T = draw(st.integers(1, 9))
-    cases = ["realistic"] + (["ties"] if G == 1 else []) + (["padding_rows"] if T >= 2 else [])
+    cases = ["realistic", "ties"] + (["padding_rows"] if T >= 2 else [])  # ties: exact group ties too
     axes = dict(T=T, E=G * per_group, G=G, TG=TG, K=draw(st.integers(1, TG * per_group)), B=draw(st.sampled_from([1, 2, 3, 16])))
     params = dict(top_k=axes["K"], n_group=G, topk_group=TG, block_size=axes["B"],
                   renormalize=draw(st.booleans()), routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
