@@ -8,11 +8,15 @@ from workbench.results import RunResult
 def perf_not_judged_note(r: RunResult) -> str:
     """One sentence for a result that is "correct, perf not judged": why, and what would judge it."""
     perf = next((v for v in r.verdicts if v.guard == "perf"), None)
-    why = perf.summary.rstrip(".") if perf is not None else "the perf guard did not run"
     devices = next((str(e.value) for e in perf.evidence if e.name == "perf_devices"), None) if perf else None
-    how = (f"judge it on {devices} (`workbench verify {r.task_id} --branch {r.candidate.branch} "
-           f"--device {devices.split(',')[0].strip()}`)" if devices else "no timed workload judges it as declared")
-    return (f"Perf was NOT judged on {r.device}: {why}. Correctness and activation passed, but this result "
+    if devices:
+        why = f"the task times it on {devices} only"
+        how = (f"judge it there (`workbench verify {r.task_id} --branch {r.candidate.branch} "
+               f"--device {devices.split(',')[0].strip()}`)")
+    else:
+        why = perf.summary.rstrip(".") if perf is not None else "the perf guard did not run"
+        why, how = why[:1].lower() + why[1:], "no timed workload judges it as declared"
+    return (f"Perf was NOT judged on {r.device} ({why}): correctness and activation passed, but this result "
             f"measures no speedup and claims none; {how} before counting it as faster.")
 
 
