@@ -25,9 +25,43 @@ import time
 import traceback
 
 _clock_ns = time.perf_counter_ns  # bound before candidate code can patch ``time``
-_active_threads = threading.active_count
-RESPONSE_MAGIC = b"WBRESP1\0"
-NONCE_BYTES = 32
+
+
+def _load_sibling(name):
+    """Import ``guards/<name>.py`` beside this file by path (the worktree's ``guards`` may lack or shadow it)."""
+    spec = importlib.util.spec_from_file_location(f"_wb_{name}", os.path.join(os.path.dirname(__file__), name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_P = _load_sibling("_protocol")
+_H = _load_sibling("_child_hooks")
+RESPONSE_MAGIC, NONCE_BYTES = _P.RESPONSE_MAGIC, _P.NONCE_BYTES
+_CHECK = {"hooks": None, "torch_state": None, "threads": None, "snapshot": None, "watched": ()}
+"""Per-call runtime checks (set by ``main`` once the harness is loaded; a replacement of this dict's
+contents or of any function of this module is caught by the module snapshot after every call)."""
+
+
+def _after_call_problem():
+    """One sentence when the runtime checks find something after a call (hooks, torch state, threads, patches)."""
+    c = _CHECK
+    if c["hooks"] is None:
+        return None
+    v = c["hooks"].violations()
+    if v:
+        return f"RuntimeHooks: candidate code tried {v[0]}" + (f" (and {len(v) - 1} more)" if len(v) > 1 else "")
+    changes = _H.state_changes(c["torch_state"], _H.torch_state())
+    if changes:
+        return f"TorchGlobalState: candidate code changed torch's process-wide settings: {'; '.join(changes[:3])}"
+    n = _H.threads()
+    if n > c["threads"]:
+        return (f"BackgroundWork: the call returned with {n - c['threads']} more thread(s) than before "
+                "(kernel census, /proc/self/task): deferred work is not allowed")
+    patched = _patched(c["snapshot"], c["watched"])
+    if patched:
+        return f"HarnessPatched: candidate code replaced {', '.join(patched[:5])}"
+    return None
 
 
 def _poisoned(spec, device):
@@ -66,9 +100,30 @@ def _buffers(specs, device):
     return {k: _poisoned(s, device) for k, s in specs.items() if not s.get("inplace")}
 
 
+def _copy_out(t):
+    """A CPU copy of ``t`` made with torch functions bound before candidate code ran (see ``_bind_torch``)."""
+    return _TORCH["to_cpu"](_TORCH["detach"](t)) if t.device.type != "cpu" else _TORCH["clone"](_TORCH["detach"](t))
+
+
 def _read_outputs(specs, outs, inputs):
     """Every output after a call: its buffer, or for an in-place output the input it overwrote."""
-    return {k: (inputs[k] if s.get("inplace") else outs[k]).detach().to("cpu").clone() for k, s in specs.items()}
+    return {k: _copy_out(inputs[k] if s.get("inplace") else outs[k]) for k, s in specs.items()}
+
+
+_TORCH: dict = {}
+
+
+def _SYNC():
+    _TORCH["sync"]()
+
+
+def _bind_torch():
+    """Bind the torch functions the harness uses to read results (a later replacement cannot reach them)."""
+    import torch
+
+    detach, clone, to = torch.Tensor.detach, torch.Tensor.clone, torch.Tensor.to
+    _TORCH.update(detach=detach, clone=clone, to_cpu=lambda t: clone(to(t, "cpu")),
+                  sync=torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
 
 
 def _correctness_case(fn, fc, rt, req, case):
@@ -82,20 +137,19 @@ def _correctness_case(fn, fc, rt, req, case):
         outs = _buffers(case["outputs"], device)
         rec = {"label": label, "error": None, "trace": []}
         _barrier()
-        threads_before = _active_threads()
         try:
             trace = _call(fn, fc, rt, backend, case["phase"], inputs, outs, case["kwargs"])
             rec["trace"] = _decisions(trace)
         except Exception as exc:  # the candidate failed on this case: report it as data
             rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
         else:
-            if _active_threads() > threads_before:  # work left running after the call returned
-                rec["error"] = (f"BackgroundWork: the call returned with {_active_threads() - threads_before} "
-                                "Python thread(s) still running (deferred work is not allowed)")
+            problem = _after_call_problem()  # threads, torch state, hooks, patches: before reading outputs
+            if problem:
+                rec["error"] = problem
         if device == "cuda":
-            torch.cuda.synchronize()
+            _SYNC()
         rec["outputs"] = _read_outputs(case["outputs"], outs, inputs)
-        rec["inputs_after"] = {k: v.detach().to("cpu").clone() for k, v in inputs.items()}
+        rec["inputs_after"] = {k: _copy_out(v) for k, v in inputs.items()}
         return rec
 
     buf = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
@@ -224,14 +278,6 @@ def _load_baseline_kernel(path, op):
     return mod
 
 
-def _load_sibling(name):
-    """Import ``guards/<name>.py`` beside this file by path (the worktree's ``guards`` may lack or shadow it)."""
-    spec = importlib.util.spec_from_file_location(f"_wb_{name}", os.path.join(os.path.dirname(__file__), name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _imported_files(worktree):
     """Worktree files (relative paths) of every module imported in this process so far."""
     root = os.path.realpath(worktree)
@@ -250,16 +296,18 @@ _WATCHED = ("time", "k3_model.dispatch", "kernels.timing")
 
 
 def _snapshot(modules):
-    """``{module.attr: id(obj)}`` of every callable in ``modules`` (and torch.cuda.Event's timer)."""
-    snap = {}
-    for m in modules:
-        for k, v in list(vars(m).items()):
-            if callable(v):
-                snap[f"{m.__name__}.{k}"] = id(v)
+    """``{owner.attr: id(obj)}`` of every callable in ``modules`` (modules or classes), plus torch's Tensor
+    classes, ``torch``, ``torch.cuda`` and this harness module itself."""
     import torch
 
+    owners = [*modules, torch, torch.cuda, torch.Tensor, torch._C.TensorBase, sys.modules[__name__], _H, _P]
+    snap = {}
+    for m in owners:
+        name = getattr(m, "__name__", repr(m))
+        for k, v in list(vars(m).items()):
+            if callable(v) or isinstance(v, (dict, staticmethod, classmethod, property)):
+                snap[f"{name}.{k}"] = id(v)
     snap["torch.cuda.Event.elapsed_time"] = id(torch.cuda.Event.elapsed_time)
-    snap["torch.cuda.synchronize"] = id(torch.cuda.synchronize)
     return snap
 
 
@@ -338,9 +386,134 @@ def _end_group():
         pass
 
 
+def _read_exact(fd, n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _serve(fn, fc, rt, req, nonce):
+    """The call server of the perf guard: one call per command, on inputs the judge wrote just before.
+
+    The judge (``guards/judge.py``) owns inputs, clock and checks: it writes a call's inputs into a
+    slot of the shared memory, says "go", reads this process's CPU clock and its own wall clock around
+    the call, and reads the outputs the moment this side acknowledges. This side only computes, and
+    reports what it saw (dispatch implementations, exceptions, runtime-check problems, CUDA event
+    times as a second opinion).
+    """
+    import mmap
+
+    import torch
+
+    sv = req["serve"]
+    device = req["device"]
+    backend = req["decode_backend"]
+    mm = mmap.mmap(sv["shm_fd"], sv["shm_bytes"])
+    buf = torch.frombuffer(mm, dtype=torch.uint8)
+    cmd_fd, ack_fd = sv["cmd_fd"], sv["ack_fd"]
+    impls: dict = {}
+    errors: list = []
+    events: dict = {}
+    cur = {}
+    flush = None
+    if device == "cuda":
+        from kernels.timing import flush_l2 as flush
+
+    def ack(status):
+        os.write(ack_fd, nonce + _P.ACK.pack(status, 0))
+
+    while True:
+        raw = _read_exact(cmd_fd, _P.CMD.size)
+        if len(raw) < _P.CMD.size:
+            break
+        op, w, slot, _ = _P.CMD.unpack(raw)
+        if op == _P.OP_QUIT:
+            break
+        if op == _P.OP_SELECT:
+            spec = sv["workloads"][w]
+            layout, slot_bytes = _P.slot_layout(spec["inputs"], spec["outputs"])
+            host = [_P.views(buf, i * slot_bytes, layout, spec["inputs"], spec["outputs"]) for i in range(_P.SLOTS)]
+            dev = None
+            if device == "cuda":
+                dev = []
+                for ins, _outs in host:
+                    d_in = {k: torch.empty_like(v, device="cuda") for k, v in ins.items()}
+                    d_out = {k: (d_in[k] if s.get("inplace") else torch.empty(tuple(s["shape"]), device="cuda",
+                                                                                dtype=getattr(torch, s["dtype"])))
+                             for k, s in spec["outputs"].items()}
+                    dev.append((d_in, d_out))
+            cur = {"spec": spec, "host": host, "dev": dev, "name": spec["name"]}
+            impls.setdefault(spec["name"], [])
+            events.setdefault(spec["name"], [])
+            ack(b"k")
+        elif op == _P.OP_LOAD:
+            if cur["dev"] is not None:
+                (h_in, _), (d_in, d_out) = cur["host"][slot], cur["dev"][slot]
+                for k, v in h_in.items():
+                    d_in[k].copy_(v)
+                for k, s in cur["spec"]["outputs"].items():
+                    if not s.get("inplace"):
+                        d_out[k].fill_(s["poison"])
+                flush()
+                _SYNC()
+            ack(b"k")
+        elif op == _P.OP_GO:
+            spec = cur["spec"]
+            ins, outs = (cur["dev"] or cur["host"])[slot]
+            status = b"k"
+            try:
+                if device == "cuda":
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                with rt() as trace, fc(decode_backend=backend, phase=spec["phase"], tp_size=1):
+                    fn(**ins, **spec["kwargs"], **outs)
+                if device == "cuda":
+                    stop.record()
+                    _SYNC()  # device-wide: work on any stream is finished before "done"
+                    events[cur["name"]].append(start.elapsed_time(stop) * 1e3)
+                impls[cur["name"]].append(",".join(sorted({d.implementation for d in trace.decisions})) or "none")
+            except Exception as exc:  # the candidate failed: data for the judge
+                errors.append(f"{cur['name']}: {type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=6)[-1500:])
+                status = b"e"
+            ack(status)
+        elif op == _P.OP_READ:
+            if cur["dev"] is not None:
+                (h_in, h_out), (d_in, d_out) = cur["host"][slot], cur["dev"][slot]
+                for k, s in cur["spec"]["outputs"].items():
+                    (h_in[k] if s.get("inplace") else h_out[k]).copy_(d_out[k])
+                _SYNC()
+            problem = _after_call_problem()
+            if problem:
+                errors.append(problem)
+            ack(b"x" if problem else b"k")
+        else:
+            errors.append(f"unknown command {op!r}")
+            break
+    extra = {}
+    if device == "cuda" and req.get("measure_floor"):
+        from kernels.timing import device_limits
+
+        extra["device_limits"] = device_limits().to_dict()
+    return {"implementations": impls, "errors": errors, "event_us": events, **extra}
+
+
+def _init_cuda():
+    """Create the CUDA context before the thread census (the driver's own threads are not the candidate's)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
 def main() -> int:
     worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process
+    nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process; a local, not a global
+    sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; the worktree is not the child's to write
     import torch
 
     req = torch.load(req_path, weights_only=True)
@@ -354,6 +527,19 @@ def main() -> int:
             response["rank"] = dist_req["rank"]
         from k3_model.dispatch import declared_scope, forward_context, record_trace
 
+        import kernels.timing  # noqa: F401  (the harness's own imports come before the hooks)
+
+        _bind_torch()
+        if req["device"] == "cuda":
+            _init_cuda()
+        if req.get("baseline_kernel_dir"):
+            req["_baseline_module"] = _load_baseline_kernel(req["baseline_kernel_dir"], req["op"])
+        hooks = None
+        if req["mode"] != "model_eval_vllm":  # vLLM starts its own engine processes: not armed (README)
+            hooks = _H.arm(worktree=worktree, scratch=os.environ.get("HOME", os.getcwd()),
+                           harness=os.path.dirname(os.path.abspath(__file__)))
+        state0 = _H.torch_state()
+        threads0 = _H.threads()
         mod_name, fn_name = req["target"].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
@@ -363,8 +549,12 @@ def main() -> int:
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
-        if req.get("baseline_kernel_dir"):
-            req["_baseline_module"] = _load_baseline_kernel(req["baseline_kernel_dir"], req["op"])
+        _CHECK.update(hooks=hooks, torch_state=state0, threads=threads0, snapshot=before, watched=watched)
+        problem = _after_call_problem()  # what importing the candidate's code did
+        if problem:
+            raise RuntimeError(f"{problem} (while importing the candidate's code)")
+        if hooks is not None:
+            hooks.enter_call_phase()
         if req["mode"] == "correctness":
             for case in req["cases"]:
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
@@ -373,12 +563,14 @@ def main() -> int:
             response["model_eval"] = _model_eval(req)
         elif req["mode"] == "model_eval_vllm":  # K3-mini through vLLM: guards/_child_vllm.py, loaded by path
             response["model_eval"] = _load_sibling("_child_vllm").run(req, worktree)
+        elif req["mode"] == "serve":
+            response["serve"] = _serve(fn, forward_context, record_trace, req, nonce)
         else:
             for case in req["cases"]:
                 response["perf"].append(_perf_case(fn, forward_context, record_trace, req, case))
-        patched = _patched(before, watched)
-        if patched:
-            raise RuntimeError(f"HarnessPatched: candidate code replaced {', '.join(patched[:5])}")
+        problem = _after_call_problem()
+        if problem:
+            raise RuntimeError(problem)
         response["ok"] = True
     except Exception as exc:
         response["error"] = f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=8)[-3000:]

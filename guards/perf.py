@@ -158,6 +158,7 @@ class PerfGuard:
 
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
+        self._artifacts = ctx.artifacts
         claimed = ctx.artifacts.get("scope")
         if claimed is None:
             raise RuntimeError("perf guard needs the declared scope from the correctness guard")
@@ -191,7 +192,11 @@ class PerfGuard:
                                 "candidate_median_us": 0.0, "speedup": 1.0, "speedup_ci": (1.0, 1.0),
                                 "p_slower": 1.0, "verdict": "not_claimed",
                                 "timer": "none (both sides run the standard path)"})
-        if timed:
+        if timed and task.distributed is None:
+            problem = self._judge(ctx, timed, claimed_flags, results)
+            if problem is not None:
+                return problem
+        elif timed:
             n_calls = task.perf.warmup + task.perf.repetitions
             rotations = {c.name: perf_rotation(task, c.workload, ctx.seed, n_calls) for c in timed}
             base_req = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
@@ -244,11 +249,119 @@ class PerfGuard:
                         r["verdict"] = "tampered"
                         r["implementation"] += (f" (samples sum to {total_samples_us / 1e6:.2f} s, longer than the "
                                                 f"child lived: {child_s:.2f} s)")
+        return self._verdict(task, results, timed)
+
+    def _judge(self, ctx: GuardContext, timed, claimed_flags, results: list) -> Verdict | None:
+        """Time single-process workloads with the judge (``guards/judge.py``); append one entry per workload.
+
+        Returns:
+            A FAIL verdict when a child did not complete, else ``None`` (entries appended to ``results``).
+        """
+        import contextlib
+
+        from guards.judge import call_server, export_tree, time_workload
+
+        task = ctx.task
+        req = {"target": task.target, "op": task.op, "device": ctx.device, "decode_backend": "latency_specialized"}
+        specs = [_served_spec(c) for c in timed]
+        sessions: list = []
+        records: dict = {}
+        timeout = task.timeouts.perf_s
+        with tempfile.TemporaryDirectory(prefix="wb-base-tree-") as tmp:
+            base_tree = export_tree(ctx.repo_root, ctx.base_commit, Path(tmp) / "base")
+            with contextlib.ExitStack() as stack:
+                base = stack.enter_context(call_server(
+                    base_tree, {**req, "measure_floor": ctx.device == "cuda"}, specs, device=ctx.device,
+                    timeout_s=timeout, memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
+                cand = stack.enter_context(call_server(
+                    ctx.worktree, req, specs, device=ctx.device, timeout_s=timeout,
+                    memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
+                servers = {"baseline": base, "candidate": cand}
+                for idx, c in enumerate(timed):
+                    t0 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
+                    rec = time_workload(servers, idx, specs[idx], _input_maker(task, c, ctx.seed), device=ctx.device,
+                                        warmup=task.perf.warmup, repetitions=task.perf.repetitions)
+                    outside = {k: (s.session.cpu_ns() - t0[k][0]) - (s.command_cpu_ns - t0[k][1])
+                               for k, s in servers.items()}
+                    records[c.name] = (rec, outside)
+                    if any(st != b"k" for r in rec.values() for st in r.statuses):
+                        break
+        out = {}
+        for side, sess in zip(("baseline", "candidate"), sessions):
+            o = sess.outcome
+            if o is None or o.response is None or not o.response.get("ok"):
+                why = (o.problem if o is not None else None) or str((o.response or {}).get("error", "")).strip() \
+                    .splitlines()[0] if o is not None else "the child never started"
+                return Verdict(guard=self.name, status=Status.FAIL,
+                               summary=f"Timing run did not complete ({side} child): {why}.",
+                               evidence=(Evidence(name="child_problem", value=why),
+                                         Evidence(name="stderr_tail", value=o.stderr_tail[-1500:] if o else "")))
+            out[side] = o.response.get("serve") or {}
+        limits = out["baseline"].get("device_limits")
+        max_reg, alpha = task.perf.regression_test(ctx.device)
+        for i, c in enumerate(timed):
+            if c.name not in records:
+                break
+            rec, outside = records[c.name]
+            b, k = rec["baseline"], rec["candidate"]
+            impl = _impl(out["candidate"], c.name)
+            base_impl = _impl(out["baseline"], c.name)
+            if base_impl == "latency_specialized":
+                base_impl = "base kernel"
+            entry = {"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
+                     "baseline_implementation": base_impl,
+                     "timer": "judge: child process CPU clock" if ctx.device == "cpu" else "judge: wall clock"}
+            if any(st != b"k" for st in k.statuses) or any(st != b"k" for st in b.statuses):
+                side = "candidate" if any(st != b"k" for st in k.statuses) else "baseline"
+                why = (out[side].get("errors") or ["a call failed"])[0].splitlines()[0]
+                results.append({**entry, "baseline_us": (), "candidate_us": (), "baseline_median_us": 0.0,
+                                "candidate_median_us": 0.0, "speedup": 0.0, "speedup_ci": (0.0, 0.0), "p_slower": 1.0,
+                                "verdict": "raised", "implementation": f"{impl} ({side}: {why[:300]})"})
+                continue
+            base_s = b.cpu_us if ctx.device == "cpu" else b.wall_us
+            cand_s = k.cpu_us if ctx.device == "cpu" else k.wall_us
+            stats = classify(base_s, cand_s, claimed=claimed_flags[c.name], max_regression_pct=max_reg,
+                             min_speedup=task.perf.min_speedup, confidence=task.perf.confidence, alpha=alpha, seed=i)
+            cpu_in = sum(k.cpu_us)
+            stats["candidate_outside_cpu_us"] = outside["candidate"] / 1e3
+            if stats["candidate_outside_cpu_us"] > OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL * cpu_in:
+                stats["verdict"] = "busy_outside"
+            if ctx.device == "cpu":
+                wb = median([w - u for w, u in zip(b.wall_us, b.cpu_us)])
+                wk = median([w - u for w, u in zip(k.wall_us, k.cpu_us)])
+                stats["wait_excess_us"] = wk - wb
+                if stats["verdict"] != "busy_outside" and wk - wb > max(WAIT_ABS_US, WAIT_REL * median(b.cpu_us)):
+                    stats["verdict"] = "waits"
+            else:
+                ev = [float(x) for x in (out["candidate"].get("event_us") or {}).get(c.name, [])]
+                timed_ev = ev[task.perf.warmup:]
+                stats["event_median_us"] = median(timed_ev) if timed_ev else None
+                if limits:
+                    from kernels.timing import below_floor, floor_us
+
+                    stats["floor_us"] = floor_us(_min_bytes(specs[i]), bandwidth_gbps=limits["copy_gbps"],
+                                                 launch_us=limits["launch_us"])
+                    if below_floor(stats["candidate_median_us"], stats["floor_us"]) or (
+                            stats["event_median_us"] is not None
+                            and below_floor(stats["event_median_us"], stats["floor_us"])):
+                        stats["verdict"] = "below_floor"
+                if any(e > w * WALL_SLACK + 5.0 for e, w in zip(timed_ev, k.wall_us)):
+                    stats["verdict"] = "tampered"
+                    entry["implementation"] += " (CUDA events longer than the judge's window: timer tampering)"
+            wrong = _every_call_problem(task, c, k.outputs, b.outputs, ctx.seed)
+            if wrong:
+                stats["verdict"] = "wrong_output"
+                entry["implementation"] += f" ({wrong})"
+            results.append({**entry, "baseline_us": tuple(base_s), "candidate_us": tuple(cand_s), **stats})
+        return None
+
+    def _verdict(self, task, results: list, timed) -> Verdict:
         order = {n: i for i, n in enumerate(task.perf.workloads)}
         results.sort(key=lambda r: order[r["name"]])
-        ctx.artifacts["perf"] = results
+        self._artifacts["perf"] = results
         bad = [r for r in results if r["verdict"] in ("regression", "no_gain", "below_floor", "side_stream",
-                                                        "tampered", "wrong_output")]
+                                                        "tampered", "wrong_output", "busy_outside", "waits",
+                                                        "raised")]
         table = tuple(
             Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
                      path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
@@ -261,7 +374,12 @@ class PerfGuard:
                     "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
                                    "longer tail than the baseline)",
                     "tampered": f"timed untrustworthily [{r['implementation']}]",
-                    "wrong_output": f"wrong while timed [{r['implementation']}]"}.get(
+                    "wrong_output": f"wrong while timed [{r['implementation']}]",
+                    "busy_outside": f"busy between its calls ({r.get('candidate_outside_cpu_us') or 0:.0f} us of CPU "
+                                    "outside them: background or deferred work)",
+                    "waits": f"waiting off-CPU inside its calls ({r.get('wait_excess_us') or 0:.0f} us more than "
+                             "the baseline per call)",
+                    "raised": f"failing while timed [{r['implementation']}]"}.get(
                 r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
@@ -279,6 +397,129 @@ class PerfGuard:
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+OUTSIDE_CPU_ABS_US = 5000.0
+OUTSIDE_CPU_REL = 0.02
+"""A candidate process may spend at most ``OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL x`` its in-call CPU time
+(microseconds) between its calls of one workload. An idle child blocks on its command pipe and spends
+nothing; the allowance covers returning to the command loop after each acknowledgement."""
+WAIT_ABS_US = 50.0
+WAIT_REL = 0.25
+"""CPU runs: a candidate call may spend at most ``max(WAIT_ABS_US, WAIT_REL x baseline median)`` more
+time off-CPU (wall - CPU, median) than a baseline call (microseconds); beyond it the candidate waits
+(sleeps, or hands work to something outside its process), which the CPU clock would not see."""
+
+
+def _served_spec(c) -> dict:
+    """The serve-mode workload entry of a case: phase, op arguments, input and output specs."""
+    return {"name": c.name, "phase": c.workload.phase, "kwargs": dict(c.kwargs),
+            "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+                       for k, v in c.inputs_a.items()},
+            "outputs": c.output_specs}
+
+
+def perf_inputs(task, w, seed: int, j: int) -> dict:
+    """Inputs of timed call ``j`` of perf workload ``w`` (the same draw as ``perf_rotation``'s ``j``-th).
+
+    Raises:
+        TaskSpecError: ``make_inputs`` fails.
+    """
+    from guards.cases import _derive_seed
+    from workbench.errors import TaskSpecError
+
+    mod = load_task_module(task, "inputs")
+    try:
+        inp = mod.make_inputs(dict(w.axes), _derive_seed(seed, w.name, "perf", str(j)), w.case)
+    except Exception as exc:
+        raise TaskSpecError(f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    return {k: inp[k].contiguous() for k in task.inputs}
+
+
+def _input_maker(task, c, seed: int):
+    return lambda j: perf_inputs(task, c.workload, seed, j)
+
+
+def _impl(served: dict, name: str) -> str:
+    return ",".join(sorted(set((served.get("implementations") or {}).get(name, [])))) or "none"
+
+
+def _min_bytes(spec: dict) -> int:
+    from guards._protocol import _nbytes
+
+    return sum(_nbytes(s["shape"], s["dtype"]) for s in spec["inputs"].values()) + sum(
+        _nbytes(s["shape"], s["dtype"]) for s in spec["outputs"].values() if not s.get("inplace"))
+
+
+FAST_PATH_TOLERANCE_SHARE = 0.5
+"""Share of an output's ``rtol``/``atol`` within which a timed call's float outputs may differ from the
+baseline's and skip the full reference check. The baseline (standard path) lies within a few ulp of
+the reference (tests/tasks), far inside the rest of the tolerance."""
+
+
+def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
+    """Whether two output sets give the same answer: equal bits after the task's ``canonical`` ordering,
+    float outputs with a task tolerance within :data:`FAST_PATH_TOLERANCE_SHARE` of it."""
+    import torch
+
+    from guards.correctness import same_bits
+
+    if set(got) != set(base):
+        return False
+    if canonical is not None:
+        try:
+            got = canonical(got, params)
+        except Exception:  # a malformed candidate output: let the full check say what is wrong
+            return False
+        base = canonical(base, params)
+    for k, b in base.items():
+        g, tol = got.get(k), tolerance.get(k)
+        if same_bits(g, b):
+            continue
+        if (tol is None or tol.exact or not isinstance(g, torch.Tensor) or g.shape != b.shape
+                or g.dtype != b.dtype or not g.is_floating_point()):
+            return False
+        if not bool(torch.isclose(g, b, rtol=tol.rtol * FAST_PATH_TOLERANCE_SHARE,
+                                  atol=tol.atol * FAST_PATH_TOLERANCE_SHARE).all()):
+            return False
+    return True
+
+
+def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int) -> str | None:
+    """Check the candidate's outputs of every call (warm-up and timed) against the reference.
+
+    A kernel that counts calls and changes behaviour once timed (skips work, replays a cache, defers
+    writes) passes the correctness calls but fails here, on whichever call it skipped. A call whose
+    outputs hold exactly the bits the baseline (the base commit's trusted code) wrote for the same
+    inputs is accepted without recomputing the reference; every other call is checked with the task's
+    checker (the reference costs up to ~0.1 s a call on the CI machine).
+
+    Returns:
+        One sentence naming the first wrong call, or ``None``.
+    """
+    from guards.correctness import generic_check
+
+    n = task.perf.warmup + task.perf.repetitions
+    if len(outputs) != n:
+        return f"the judge read {len(outputs)} output sets for {n} calls"
+    ref = load_task_module(task, "reference")
+    canon = getattr(ref, "canonical", None)
+    for j, got in enumerate(outputs):
+        base = baseline_outputs[j] if j < len(baseline_outputs) else None
+        if base is not None and _same_answer(got, base, canon, case.kwargs, task.correctness.tolerance):
+            continue
+        inputs = perf_inputs(task, case.workload, seed, j)
+        want = ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+        if hasattr(ref, "check"):
+            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                              task.correctness.tolerance)
+        else:
+            lines = generic_check(task, got, want)
+        if lines:
+            which = f"warm-up call {j}" if j < task.perf.warmup else f"timed call {j - task.perf.warmup}"
+            return f"outputs of {which} differ from the reference: {lines[0][:160]}"
+    return None
 
 
 _PER_CALL = ("baseline_us", "candidate_us", "baseline_wall_us", "candidate_wall_us", "baseline_tails_us",

@@ -30,6 +30,7 @@ inspect its own memory (where the nonce lives).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -43,7 +44,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from guards._protocol import NONCE_BYTES, RESPONSE_MAGIC
 
 CHILD_MAIN = Path(__file__).with_name("_child_main.py")
 
@@ -57,9 +60,6 @@ MAX_PROCESSES = 128
 """Processes and threads the child's uid may hold at once (RLIMIT_NPROC; threads count)."""
 MAX_RESPONSE_BYTES = 1 << 30
 """Largest response the parent reads (bytes); a bigger one is a FAIL."""
-RESPONSE_MAGIC = b"WBRESP1\0"
-"""First bytes of a response frame: magic (8 bytes), nonce (32 bytes), payload length (8 bytes, LE)."""
-NONCE_BYTES = 32
 _UID_RANGE = (200_000, 900_000)
 
 
@@ -198,6 +198,76 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
     Raises:
         OSError: the child could not be started at all (an infrastructure error, not a FAIL).
     """
+    with child_session(worktree, request, timeout_s=timeout_s, memory_bytes=memory_bytes, device=device) as s:
+        pass
+    return s.outcome
+
+
+class ChildTimeout(Exception):
+    """The child did not answer before its wall-clock limit (the session kills it on exit)."""
+
+
+class ChildGone(Exception):
+    """The child stopped talking (closed its pipe, or sent bytes that are not an acknowledgement)."""
+
+
+class ChildSession:
+    """A running contained child (see :func:`child_session`).
+
+    Attributes:
+        proc: the child's ``Popen``.
+        deadline: ``time.monotonic()`` value after which the child is killed.
+        nonce: the bytes that authenticate the child's frames and acknowledgements.
+        outcome: the :class:`ChildOutcome`, set when the session ends.
+    """
+
+    def __init__(self, proc, deadline: float, nonce: bytes) -> None:
+        self.proc, self.deadline, self.nonce = proc, deadline, nonce
+        self.outcome: ChildOutcome | None = None
+        self.timed_out = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_ns(self) -> int:
+        """CPU time (nanoseconds) of every thread of the child process, dead threads included.
+
+        Read by the judge from the kernel (the process CPU-time clock, ``clock_getcpuclockid``): the
+        child cannot change it, and it includes the time of threads ``threading`` does not list.
+        When the child runs under ``setpriv``, this is the clock of the python process itself.
+
+        Raises:
+            ChildGone: the child is gone.
+        """
+        try:
+            return time.clock_gettime_ns(((~self._python_pid()) << 3) | 2)
+        except OSError as exc:
+            raise ChildGone(f"child process is gone ({exc})") from exc
+
+    def _python_pid(self) -> int:
+        # setpriv execs python in place: same pid
+        return self.proc.pid
+
+
+@contextlib.contextmanager
+def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str,
+                  pass_fds: tuple[int, ...] = (), setup: Any = None) -> Iterator[ChildSession]:
+    """Start a contained child and yield it while the caller talks to it; collect its outcome at the end.
+
+    Same containment as :func:`run_child`. Inside the ``with`` block the caller may exchange messages
+    with the child over fds it passed in ``pass_fds`` (closed here in the parent once the child has
+    them, unless ``setup`` keeps its own copies); at the end the child gets the rest of its time to
+    exit, then every process of it is killed and ``session.outcome`` is set.
+
+    Args:
+        pass_fds: extra fds the child inherits (their numbers travel in ``request``).
+        setup: optional ``callable(home: Path, uid: int | None)`` run before the child starts (e.g. to
+            give the child's uid a file).
+
+    Raises:
+        OSError: the child could not be started.
+    """
     import torch
 
     drop = drop_privileges_available()
@@ -215,6 +285,8 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
             os.chown(req_path, uid, uid)
             os.chmod(tmpd, 0o711)  # the child reaches its home, cannot list or write the parent's files
             env["TRITON_CACHE_DIR"] = str(home / ".triton")  # a root-owned cache is not writable there
+        if setup is not None:
+            setup(home, uid)
         nonce = secrets.token_bytes(NONCE_BYTES)
         resp_r, resp_w = os.pipe()
         nonce_r, nonce_w = os.pipe()
@@ -259,7 +331,7 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
             try:
                 proc = subprocess.Popen(
                     argv, cwd=str(home), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    preexec_fn=limits, start_new_session=True, pass_fds=(resp_w, nonce_r),
+                    preexec_fn=limits, start_new_session=True, pass_fds=(resp_w, nonce_r, *pass_fds),
                 )
             finally:
                 os.close(resp_w)
@@ -272,20 +344,29 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
                 pass  # the child died before reading it; its exit status says why
             finally:
                 os.close(nonce_w)
-            timed_out = False
+            session = ChildSession(proc, t0 + timeout_s, nonce)
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            try:  # leftovers (background processes) die with the group
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if uid is not None:
-                _kill_uid(uid)  # and with the uid, wherever they moved (setsid, double fork)
-            proc.wait()
-            reader.join(timeout=10)
-            os.close(resp_r)
+                yield session
+            except ChildTimeout:
+                session.timed_out = True
+            except ChildGone:
+                pass  # its exit status and response say why
+            finally:
+                timed_out = session.timed_out
+                if not timed_out:
+                    try:
+                        proc.wait(timeout=max(0.0, session.deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        timed_out = True
+                try:  # leftovers (background processes) die with the group
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                if uid is not None:
+                    _kill_uid(uid)  # and with the uid, wherever they moved (setsid, double fork)
+                proc.wait()
+                reader.join(timeout=10)
+                os.close(resp_r)
         duration = time.monotonic() - t0
         out_bytes, err_bytes = out_path.stat().st_size, err_path.stat().st_size
         response, problem = None, None
@@ -307,8 +388,8 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
                     response, problem = None, "child response is not a dict"
             except Exception as exc:  # untrusted bytes: any decoding failure is the candidate's
                 problem = f"child response unreadable ({type(exc).__name__}: {exc})"
-        return ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path), _tail(err_path),
-                            problem, uid)
+        session.outcome = ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path),
+                                       _tail(err_path), problem, uid)
 
 
 def free_tcp_port() -> int:

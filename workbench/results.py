@@ -91,7 +91,16 @@ class PerfResult(_Model):
             (microseconds); ``below_floor`` when the candidate's median is under 0.9x it.
         tail_excess_us: CUDA only; median candidate tail minus median baseline tail (time from the end
             of the call to a fence after a device-wide sync, microseconds); ``side_stream`` when the
-            candidate left work running past its timed window.
+            candidate left work running past its timed window (distributed runs; single-process runs
+            synchronize the device inside the judge's window instead).
+        candidate_outside_cpu_us: CPU time the candidate's process spent between its calls while this
+            workload was timed (microseconds, every thread); ``busy_outside`` when above the bound.
+        wait_excess_us: CPU only; median (wall - CPU) of a candidate call minus the baseline's
+            (microseconds); ``waits`` when the candidate spends time off-CPU inside its calls.
+        event_median_us: CUDA only; median of the candidate's own CUDA-event samples (second opinion).
+
+    The extra verdicts of the judge's timing (``guards/judge.py``): ``busy_outside``, ``waits`` and
+    ``raised`` (a timed call raised or failed a runtime check).
     """
 
     name: str
@@ -106,10 +115,13 @@ class PerfResult(_Model):
     speedup_ci: tuple[float, float]
     p_slower: float
     verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed", "below_floor", "side_stream",
-                     "tampered", "wrong_output"]
+                     "tampered", "wrong_output", "busy_outside", "waits", "raised"]
     timer: str
     floor_us: float | None = None
     tail_excess_us: float | None = None
+    candidate_outside_cpu_us: float | None = None
+    wait_excess_us: float | None = None
+    event_median_us: float | None = None
 
 
 class CandidateInfo(_Model):

@@ -1,0 +1,88 @@
+"""The judge <-> child protocol: response frames, call-server commands and the shared-memory layout.
+
+One file for both sides: the workbench imports it as ``guards._protocol``; the child loads it by path
+(``guards/_child_main.py``), so the constants are never copied.
+
+- **Response frame** (child -> judge, once, at exit): magic (8 bytes), nonce (32 bytes), payload length
+  (8 bytes, little endian), a ``torch.save`` payload.
+- **Call server** (perf): the judge writes fixed-size commands (:data:`CMD`) to the child's command
+  pipe; the child answers each with an acknowledgement (:data:`ACK`, prefixed by the nonce, so bytes
+  candidate code writes to the pipe are not an acknowledgement).
+- **Shared memory**: one ``memfd`` per child, two slots per workload; each slot holds every input and
+  every output at 64-byte aligned offsets (:func:`slot_layout`). The judge writes a call's inputs into
+  a slot just before "go", poisons its outputs, and reads them back right after "done".
+
+Source: issue 12 items 1-2.
+"""
+
+from __future__ import annotations
+
+import struct
+
+RESPONSE_MAGIC = b"WBRESP1\0"
+NONCE_BYTES = 32
+
+CMD = struct.Struct("<cIII")
+"""Command: opcode (1 byte), workload index, slot, spare (little endian)."""
+ACK = struct.Struct("<cI")
+"""Acknowledgement after the nonce: status (b"k" ok, b"e" the call raised, b"x" a check failed), spare."""
+
+OP_SELECT, OP_LOAD, OP_GO, OP_READ, OP_QUIT = b"S", b"L", b"G", b"R", b"Q"
+"""S: build the workload's views; L: stage slot (CUDA: host->device, poison, flush L2); G: one call on a
+slot; R: make the slot's outputs readable (CUDA: device->host) and run the per-call checks; Q: quit."""
+
+SLOTS = 2
+"""Input/output slots per workload: consecutive calls alternate, so a pointer-keyed cache returns stale data."""
+ALIGN = 64
+
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _nbytes(shape, dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * _ITEMSIZE[dtype]
+
+
+def slot_layout(inputs: dict, outputs: dict) -> tuple[dict[str, tuple[int, int]], int]:
+    """Offsets of one slot.
+
+    Args:
+        inputs: ``name -> {"shape": [...], "dtype": str}`` of every input tensor.
+        outputs: ``name -> {"shape", "dtype", "inplace"}``; in-place outputs live in their input.
+
+    Returns:
+        ``({"in:<name>" | "out:<name>": (offset_bytes, nbytes)}, slot_bytes)``.
+
+    Raises:
+        KeyError: a dtype this protocol does not carry.
+    """
+    off, out = 0, {}
+    for kind, specs in (("in", inputs), ("out", outputs)):
+        for name, s in specs.items():
+            if kind == "out" and s.get("inplace"):
+                continue
+            n = _nbytes(s["shape"], s["dtype"])
+            out[f"{kind}:{name}"] = (off, n)
+            off += (n + ALIGN - 1) // ALIGN * ALIGN
+    return out, max(off, ALIGN)
+
+
+def views(buf, base: int, layout: dict, inputs: dict, outputs: dict):
+    """Tensors over one slot of ``buf`` (a flat ``torch.uint8`` tensor over the shared memory).
+
+    Returns:
+        ``(inputs, outputs)``: dicts of tensors viewing the slot; in-place outputs are their input.
+    """
+    import torch
+
+    def view(key, s):
+        off, n = layout[key]
+        t = buf[base + off: base + off + n]
+        return t.view(getattr(torch, s["dtype"])).view(tuple(int(d) for d in s["shape"]))
+
+    ins = {k: view(f"in:{k}", s) for k, s in inputs.items()}
+    outs = {k: (ins[k] if s.get("inplace") else view(f"out:{k}", s)) for k, s in outputs.items()}
+    return ins, outs
