@@ -5,15 +5,19 @@ recorded during the correctness run. FAIL when no kernel is merged for the op, w
 candidate's changed Python files was imported (its change never ran: e.g. a kernel file no package
 imports, or a change on top of a kernel already merged that leaves the running code as it was), when the declared scope reaches beyond
 the task's scope (claims what was never tested), when a configuration inside the declared scope did
-not run the latency-specialized implementation, or when one outside it did.
+not run the latency-specialized implementation, or when one outside it did, or when the declared scope
+is not plain data. "Inside the declared scope" is decided by the dispatcher's own rule: the reported
+scope is parsed with :func:`k3_model.dispatch.parse_scope` and asked with ``OpScope.covers``, so the
+guard and the dispatcher cannot read one scope two ways.
 
-Source: issue 2 guard 3; DESIGN.md "K3 ops and the decode backend".
+Source: issue 2 guard 3; issue 12 item 4; DESIGN.md "K3 ops and the decode backend".
 """
 
 from __future__ import annotations
 
 from guards.base import GuardContext
 from guards.verdict import Evidence, Status, Verdict
+from k3_model.dispatch import BatchInfo, OpScope, ScopeError, parse_scope
 
 LS = "latency_specialized"
 
@@ -34,15 +38,23 @@ def scope_excess(claimed: dict, task_scope) -> list[str]:
     return out
 
 
-def claims(claimed: dict, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1) -> bool:
-    """Whether a configuration lies inside a claimed scope (same rule as the dispatcher)."""
-    return (
-        phase in claimed.get("phases", ())
-        and claimed.get("batch_min", 1) <= batch <= claimed.get("batch_max", 0)
-        and device in claimed.get("devices", ())
-        and dtype in claimed.get("dtypes", ())
-        and tp in claimed.get("tp_sizes", ())
-    )
+def claimed_scope(claimed: dict) -> OpScope:
+    """The scope the child reported (``OpScope.to_dict`` with lists), parsed by the dispatcher's rules.
+
+    Raises:
+        ScopeError: it is not plain data (the child's dispatcher would have refused it too).
+    """
+    return parse_scope(dict(claimed), where="the declared scope the correctness child reported")
+
+
+def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1) -> bool:
+    """Whether a configuration lies inside a claimed scope: the dispatcher's own rule (``OpScope.covers``).
+
+    Raises:
+        ScopeError: ``claimed`` is a dict that is not plain scope data.
+    """
+    scope = claimed if type(claimed) is OpScope else claimed_scope(claimed)
+    return scope.covers(BatchInfo(phase, batch, device, dtype, tp))[0]
 
 
 class ActivationGuard:
@@ -61,13 +73,23 @@ class ActivationGuard:
                 summary=f"No latency-specialized kernel is merged for op {task.op!r}: the candidate's path never runs.",
                 evidence=(Evidence(name="declared_scope", value="none", path=f"k3_model/kernels/{task.op}/"),),
             )
+        try:
+            scope = claimed_scope(claimed)
+        except ScopeError as exc:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=f"The declared scope is not plain data: {exc}",
+                evidence=(Evidence(name="declared_scope", value=str(claimed)[:300], path=f"k3_model/kernels/{task.op}/"),),
+            )
+        # from here on only the parsed value, as the dispatcher (lists: the form the child reports)
+        claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
         excess = scope_excess(claimed, task.scope)
-        untested = sorted(set(claimed.get("devices", ())) - {ctx.device})
+        untested = sorted(set(claimed["devices"]) - {ctx.device})
         if untested and not excess:
             excess = [f"devices {untested} were not judged in this run (device {ctx.device}); a scope must equal what "
                       f"was tested: drop them from SCOPE, or ship one kernel per device and judge each there"]
         tested_tp = set(ctx.artifacts.get("tested_tp_sizes", [1]))
-        untested_tp = sorted(set(claimed.get("tp_sizes", ())) - tested_tp)
+        untested_tp = sorted(set(claimed["tp_sizes"]) - tested_tp)
         if untested_tp and not excess:
             excess = [f"tp_sizes {untested_tp} were not judged in this run (world sizes tested on {ctx.device}: "
                       f"{sorted(tested_tp)}); a scope must equal what was tested: drop them from SCOPE, or judge "
@@ -96,7 +118,7 @@ class ActivationGuard:
         for case in ctx.artifacts["cases"]:
             batch = case["axes"][task.scope.batch_axis]
             phase = next((c.workload.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
-            expect = LS if claims(claimed, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
+            expect = LS if claims(scope, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
                                   tp=case.get("world_size", 1)) else "standard"
             expected_ls += expect == LS
             seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls

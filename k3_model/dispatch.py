@@ -6,7 +6,16 @@ Latency-specialized runs only when the forward context's ``decode_backend`` is
 (op, implementation, reason) is logged and appended to the active trace, so a reviewer (and the
 activation guard) can see when the fast path ran and why it fell back.
 
-Source: DESIGN.md "K3 ops and the decode backend"; STYLE.md (vLLM's lesson: log which implementation runs).
+A kernel's ``SCOPE`` is data, not code: an :class:`OpScope` or a plain ``dict`` literal whose fields
+are plain tuples (or lists) of exact ``str``/``int`` and plain ``int`` batch bounds. The dispatcher reads
+``SCOPE`` once per kernel module, when it is first imported, rebuilds it as a fresh :class:`OpScope`
+(:func:`parse_scope`) and keeps that object: :func:`declared_scope` (what the guards check) and every
+dispatch decision use the same parsed value, and nothing the kernel does to ``mod.SCOPE`` afterwards
+changes either. Anything else (a tuple subclass, a custom container, a ``bool`` for an ``int``, an
+``OpScope`` subclass) is a :class:`ScopeError`.
+
+Source: DESIGN.md "K3 ops and the decode backend"; STYLE.md (vLLM's lesson: log which implementation runs);
+issue 12 item 4 ("scope is data, not code").
 """
 
 from __future__ import annotations
@@ -28,9 +37,52 @@ class DispatchError(RuntimeError):
     """A latency-specialized module exists but is malformed (no SCOPE, no entry point, import error)."""
 
 
+class ScopeError(DispatchError):
+    """A kernel's ``SCOPE`` is not plain data (wrong container or item type, bad batch range, unknown key)."""
+
+
+_ITEM_FIELDS: dict[str, type] = {"devices": str, "phases": str, "tp_sizes": int, "dtypes": str}
+"""OpScope's sequence fields and the exact type of their items."""
+_INT_FIELDS = ("batch_min", "batch_max")
+_EXAMPLES = {"devices": '("cpu",)', "phases": '("decode",)', "tp_sizes": "(1,)", "dtypes": '("float32",)',
+             "batch_min": "1", "batch_max": "64"}
+
+
+def _type_name(x: object) -> str:
+    """``module.Qualname`` of ``x``'s type (never calls ``x``'s own ``__repr__``: it is candidate code)."""
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _plain_items(field: str, value: object, item_type: type) -> tuple:
+    """``value`` as a plain tuple, when it is exactly a ``tuple`` or ``list`` of exactly ``item_type``.
+
+    Raises:
+        ScopeError: another container (a subclass included: its ``__contains__``/``__iter__`` are code),
+            an item of another type (a ``str``/``int`` subclass, ``bool``), or an empty sequence.
+    """
+    kind = item_type.__name__
+    if type(value) not in (tuple, list):
+        sub = " (a subclass of tuple/list: its __contains__ and __iter__ can disagree)" if isinstance(value, (tuple, list)) else ""
+        raise ScopeError(f"OpScope field {field!r} must be a plain tuple of {kind}; got {_type_name(value)}{sub}. "
+                         f"Write it as a literal, e.g. {field}={_EXAMPLES[field]}.")
+    items = tuple(value)  # exact tuple/list: the builtin iteration, nothing the candidate defines
+    for i, x in enumerate(items):
+        if type(x) is not item_type:
+            raise ScopeError(f"OpScope field {field!r} item {i} must be exactly {kind}; got {_type_name(x)}. "
+                             f"Write plain literals, e.g. {field}={_EXAMPLES[field]}.")
+    if not items:
+        raise ScopeError(f"OpScope field {field!r} is empty, so the kernel could never run; list what it was "
+                         f"tested on, e.g. {field}={_EXAMPLES[field]}.")
+    return items
+
+
 @dataclasses.dataclass(frozen=True)
 class OpScope:
     """The scope a latency-specialized kernel declares (what it was tested on).
+
+    Construction validates and normalises every field (``__post_init__``): sequence fields become plain
+    tuples of exact ``str``/``int``, batch bounds must be exact ``int`` with 1 <= batch_min <= batch_max.
 
     Attributes:
         devices: device types (``"cpu"``, ``"cuda"``).
@@ -38,6 +90,9 @@ class OpScope:
         tp_sizes: tensor-parallel world sizes.
         dtypes: dtype names of the op's main input (``"float32"``, ``"bfloat16"``).
         batch_min, batch_max: inclusive decode batch range (requests).
+
+    Raises:
+        ScopeError: a field is not plain data of its type, is empty, or the batch range is empty or below 1.
     """
 
     devices: tuple[str, ...]
@@ -46,6 +101,18 @@ class OpScope:
     dtypes: tuple[str, ...] = ("float32",)
     batch_min: int = 1
     batch_max: int = 64
+
+    def __post_init__(self) -> None:
+        for field, item_type in _ITEM_FIELDS.items():
+            object.__setattr__(self, field, _plain_items(field, getattr(self, field), item_type))
+        for field in _INT_FIELDS:
+            v = getattr(self, field)
+            if type(v) is not int:
+                raise ScopeError(f"OpScope field {field!r} must be exactly int; got {_type_name(v)}. "
+                                 f"Write a plain literal, e.g. {field}={_EXAMPLES[field]}.")
+        if not 1 <= self.batch_min <= self.batch_max:
+            raise ScopeError(f"OpScope batch range [{self.batch_min}, {self.batch_max}] is empty or below 1; "
+                             "declare 1 <= batch_min <= batch_max.")
 
     def covers(self, batch: "BatchInfo") -> tuple[bool, str]:
         """Whether ``batch`` is inside this scope, and the reason in words."""
@@ -68,8 +135,50 @@ class OpScope:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (tuples stay tuples; the fields are plain data by construction)."""
         return dataclasses.asdict(self)
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OpScope))
+
+
+def parse_scope(raw: object, *, where: str = "SCOPE") -> OpScope:
+    """A fresh, validated :class:`OpScope` from a kernel's ``SCOPE`` value.
+
+    Args:
+        raw: an exact :class:`OpScope` (not a subclass: ``covers`` would be its code) or an exact
+            ``dict`` with ``str`` keys among the OpScope field names (``devices`` required).
+        where: names the kernel in error messages, e.g. ``k3_model.kernels.moe_dispatch
+            (k3_model/kernels/moe_dispatch/)``.
+
+    Returns:
+        A new OpScope (never ``raw`` itself), so later changes to ``raw`` change nothing.
+
+    Raises:
+        ScopeError: ``raw`` is neither, has unknown or missing keys, or a field is not plain data.
+    """
+    fix = 'Write SCOPE = OpScope(devices=("cpu",), ...) or a plain dict literal of tuples of str/int.'
+    if type(raw) is OpScope:
+        fields = {f: object.__getattribute__(raw, f) for f in _FIELD_NAMES}  # re-validated below
+    elif type(raw) is dict:
+        bad_keys = [k for k in raw if type(k) is not str or k not in _FIELD_NAMES]
+        if bad_keys:
+            raise ScopeError(f"{where}: SCOPE has key(s) that are not OpScope fields "
+                             f"({', '.join(sorted(k if type(k) is str else _type_name(k) for k in bad_keys))}); "
+                             f"expected keys among {', '.join(_FIELD_NAMES)}. Remove or rename them.")
+        if "devices" not in raw:
+            raise ScopeError(f"{where}: SCOPE lacks 'devices'; list the devices the kernel was tested on, "
+                             'e.g. "devices": ("cpu",).')
+        fields = dict(raw)
+    else:
+        what = "no SCOPE is defined" if raw is None else f"got {_type_name(raw)}"
+        sub = " (a subclass of OpScope: its methods are code)" if isinstance(raw, OpScope) else ""
+        raise ScopeError(f"{where}: SCOPE must be a k3_model.dispatch.OpScope or a plain dict declaring where "
+                         f"the kernel runs; {what}{sub}. {fix}")
+    try:
+        return OpScope(**fields)
+    except ScopeError as exc:
+        raise ScopeError(f"{where}: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,13 +280,37 @@ def record_trace() -> Iterator[DispatchTrace]:
 
 
 _MODULES: dict[str, Any] = {}
+"""op -> imported kernel module (``None``: nothing merged). guards/_child_main.py swaps entries while it
+times the base commit's kernel, so a scope is looked up per module object, not per op."""
+_SCOPES: dict[int, tuple[Any, OpScope]] = {}
+"""id(module) -> (module, its parsed scope); the module is kept so its id is never reused while cached."""
+
+
+def _where(op: str) -> str:
+    return f"k3_model.kernels.{op} (k3_model/kernels/{op}/)"
+
+
+def _scope_of(op: str, mod: Any) -> OpScope:
+    """The parsed scope of kernel module ``mod``: ``mod.SCOPE`` is read and parsed once, then reused.
+
+    Raises:
+        ScopeError: ``mod.SCOPE`` is missing or not plain data.
+    """
+    hit = _SCOPES.get(id(mod))
+    if hit is not None and hit[0] is mod:
+        return hit[1]
+    scope = parse_scope(getattr(mod, "SCOPE", None), where=_where(op))
+    _SCOPES[id(mod)] = (mod, scope)
+    return scope
 
 
 def _specialized_module(op: str) -> Any | None:
-    """Import ``k3_model.kernels.<op>`` once; ``None`` if no kernel for ``op`` is merged.
+    """Import ``k3_model.kernels.<op>`` once and parse its ``SCOPE``; ``None`` if no kernel for ``op`` is merged.
 
     Raises:
-        DispatchError: the module exists but fails to import or lacks ``SCOPE`` / the entry point.
+        ScopeError: ``SCOPE`` is missing or not plain data (also when an ``OpScope(...)`` in the module
+            body rejects its arguments while the module is imported).
+        DispatchError: the module exists but fails to import.
     """
     if op in _MODULES:
         return _MODULES[op]
@@ -189,26 +322,28 @@ def _specialized_module(op: str) -> Any | None:
             _MODULES[op] = None
             return None
         raise DispatchError(f"{name}: import failed: {exc}. Fix the kernel module.") from exc
+    except ScopeError as exc:  # OpScope(...) in the module body refused its fields
+        raise ScopeError(f"{_where(op)}: invalid SCOPE while importing the kernel: {exc}") from None
     except Exception as exc:  # the kernel module is code under test: surface what broke, never fall back
         raise DispatchError(f"{name}: import failed with {type(exc).__name__}: {exc}. Fix the kernel module.") from exc
     if getattr(mod, "__file__", None) is None:  # a folder without __init__.py: nothing merged yet
         logger.info("%s is a folder without __init__.py; no latency-specialized kernel for %s", name, op)
         _MODULES[op] = None
         return None
-    scope = getattr(mod, "SCOPE", None)
-    if not isinstance(scope, OpScope):
-        raise DispatchError(
-            f"{name}: SCOPE must be a k3_model.dispatch.OpScope declaring where the kernel runs; "
-            f"got {type(scope).__name__}. Add SCOPE = OpScope(...)."
-        )
+    _scope_of(op, mod)  # parse now: a bad SCOPE fails at import, before any call
     _MODULES[op] = mod
     return mod
 
 
 def declared_scope(op: str) -> OpScope | None:
-    """The scope the merged latency-specialized kernel for ``op`` declares, or ``None`` if none is merged."""
+    """The parsed scope of the merged latency-specialized kernel for ``op`` (the very object the
+    dispatcher decides with), or ``None`` if none is merged.
+
+    Raises:
+        ScopeError, DispatchError: as :func:`_specialized_module`.
+    """
     mod = _specialized_module(op)
-    return None if mod is None else mod.SCOPE
+    return None if mod is None else _scope_of(op, mod)
 
 
 def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, device: str, dtype: str) -> Callable[..., Any]:
@@ -241,7 +376,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
             if mod is None:
                 impl, reason, fn = STANDARD, f"no latency-specialized kernel merged for {op}", standard
             else:
-                ok, why = mod.SCOPE.covers(BatchInfo(phase, batch_size, device, dtype, tp))
+                ok, why = _scope_of(op, mod).covers(BatchInfo(phase, batch_size, device, dtype, tp))
                 fn = getattr(mod, entry, None)
                 if not callable(fn):
                     raise DispatchError(

@@ -1,7 +1,9 @@
 """The ``workbench`` command line.
 
-Exit codes of ``run`` and ``verify``: 0 accepted, 1 rejected, 2 bad input or infrastructure error;
-the last line printed is the result file's path. No torch import at module level (fast ``--help``).
+Exit codes of ``run`` and ``verify``: 0 accepted, 1 rejected, 2 bad input or infrastructure error,
+3 correct but perf not judged on this device (the task times it elsewhere: never a plain accept, and
+not put in the review queue); the last line printed is the result file's path. No torch import at
+module level (fast ``--help``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # piped: no truncated tables
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
+EXIT_ACCEPTED, EXIT_REJECTED, EXIT_ERROR, EXIT_PERF_NOT_JUDGED = 0, 1, 2, 3
 STATUS_STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim"}
+ACCEPTANCE_STYLE = {"accepted": "green", "correct_perf_not_judged": "yellow", "rejected": "red"}
 
 
 def _root(repo: Optional[Path]) -> Path:
@@ -41,19 +44,40 @@ def _root(repo: Optional[Path]) -> Path:
 
 
 def _print_result(result, path: Path) -> None:
-    verdict = "[green]ACCEPTED[/]" if result.accepted else "[red]REJECTED[/]"
-    console.print(f"{result.task_id} candidate {result.candidate.source}: {verdict}")
+    style = ACCEPTANCE_STYLE[result.acceptance]
+    console.print(f"{result.task_id} candidate {result.candidate.source}: [{style}]{result.acceptance_label}[/]")
     for v in result.verdicts:
         style = STATUS_STYLE[v.status.value]
         console.print(f"  {v.guard:<12} [{style}]{v.status.value:<5}[/] {v.summary}")
+    if result.acceptance == "correct_perf_not_judged":
+        from rich.markup import escape
+
+        from workbench.report import perf_not_judged_note
+
+        console.print(f"  [yellow]{escape(perf_not_judged_note(result))}[/]")
     console.print(str(path))
 
 
 def _exit_code(result) -> int:
-    """0 accepted, 2 when a guard broke (ERROR: the verdict is not a judgement), else 1."""
+    """0 accepted, 3 correct with perf not judged, 2 when a guard broke (ERROR: the verdict is not a
+    judgement), else 1."""
     if result.accepted:
-        return EXIT_ACCEPTED
+        return EXIT_ACCEPTED if result.perf_judged else EXIT_PERF_NOT_JUDGED
     return EXIT_ERROR if any(v.status.value == "ERROR" for v in result.verdicts) else EXIT_REJECTED
+
+
+def _enqueue(root: Path, result, path: Path, no_queue: bool) -> None:
+    """Put an accepted result in the review queue, unless its perf was not judged (then say why not)."""
+    if no_queue or not result.accepted:
+        return
+    if result.acceptance == "correct_perf_not_judged":
+        err.print(f"[yellow]review queue:[/] not queued: {result.acceptance_label.lower()} on {result.device}; "
+                  "a claimed speedup is judged or not claimed, so only results whose perf was judged wait for review. "
+                  "Verify it on a device where the task times it to queue it.")
+        return
+    from workbench.review.cli import enqueue_accepted
+
+    enqueue_accepted(root, result, path)
 
 
 def _fail(exc: Exception) -> None:
@@ -108,10 +132,7 @@ def run(
         result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
-    if not no_queue:
-        from workbench.review.cli import enqueue_accepted
-
-        enqueue_accepted(_root(repo), result, path)
+    _enqueue(_root(repo), result, path, no_queue)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
 
@@ -179,10 +200,7 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attemp
     console.print(f"run record: {result.record_path}")
     if result.final_path is None:
         _fail(WorkbenchError("no attempt was judged."))
-    if not no_queue:
-        from workbench.review.cli import enqueue_accepted
-
-        enqueue_accepted(root, result.final, result.final_path)
+    _enqueue(root, result.final, result.final_path, no_queue)
     console.print(str(result.final_path))
     raise typer.Exit(_exit_code(result.final))
 
@@ -212,10 +230,7 @@ def verify(
         result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
-    if not no_queue:
-        from workbench.review.cli import enqueue_accepted
-
-        enqueue_accepted(root, result, path)
+    _enqueue(root, result, path, no_queue)
     _print_result(result, path)
     raise typer.Exit(_exit_code(result))
 
@@ -267,8 +282,8 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         q = pb.get(p.name)
         t.add_row(p.name, f"{p.speedup:.3f}x", f"{q.speedup:.3f}x" if q else "-", p.verdict, q.verdict if q else "-")
     console.print(t)
-    console.print(f"A: {'accepted' if ra.accepted else 'rejected'} on {ra.device} {ra.environment.get('gpu_name') or ''}; "
-                  f"B: {'accepted' if rb.accepted else 'rejected'} on {rb.device} {rb.environment.get('gpu_name') or ''}")
+    console.print(f"A: {ra.acceptance_label.lower()} on {ra.device} {ra.environment.get('gpu_name') or ''}; "
+                  f"B: {rb.acceptance_label.lower()} on {rb.device} {rb.environment.get('gpu_name') or ''}")
 
 
 @app.command()

@@ -16,7 +16,8 @@ from typing import Sequence
 from guards.base import Guard, GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
-from workbench.results import CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, write_result
+from workbench.results import (CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, perf_was_judged,
+                               write_result)
 from workbench.taskspec import TaskSpec, load_task
 from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
 
@@ -64,7 +65,13 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
 
 
 def is_accepted(verdicts: Sequence[Verdict]) -> bool:
-    """Accepted: no FAIL or ERROR, and the activation guard PASSed (proof the new path ran)."""
+    """Accepted: no FAIL or ERROR, and the activation guard PASSed (proof the new path ran).
+
+    This is "the guards found nothing wrong", not "a speedup was measured": where the perf guard SKIPs
+    (the task judges performance on other devices only, or no timed workload lies in the declared
+    scope) the result is accepted with ``perf_judged`` false, which the result file, report, CLI and
+    review queue show as "correct, perf not judged" (``RunResult.acceptance``), never as a plain accept.
+    """
     if any(v.status in (Status.FAIL, Status.ERROR) for v in verdicts):
         return False
     return any(v.guard == "activation" and v.status is Status.PASS for v in verdicts)
@@ -112,6 +119,10 @@ def judge_candidate(
     """Run the guards on a committed candidate and write its result file.
 
     Args:
+        seed: the run-time seed; ``None`` draws one (:func:`draw_runtime_seed`). Either way it is the
+            result's ``seed`` and part of the default reproduce command.
+        command: the reproduce command to record; it must name ``--seed`` (callers build it with the
+            seed they pass). Default: a ``workbench verify`` command with the seed.
         attempt: for agent runs, the 1-based attempt number; it becomes part of the result id
             (``<task>-<n>-a<attempt>-<sha8>``) so an attempt that changed nothing keeps its own file.
 
@@ -142,6 +153,8 @@ def judge_candidate(
         device=device,
         verdicts=tuple(verdicts),
         accepted=is_accepted(verdicts),
+        perf_judged=perf_was_judged(verdicts),
+        seed=seed,
         cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
         perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
         dispatch_trace=tuple(trace[:2000]),
@@ -163,12 +176,17 @@ def _env_prefix() -> str:
 
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,
                   seed: int | None = None) -> tuple[RunResult, Path]:
-    """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file."""
+    """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file.
+
+    Without ``seed`` a fresh run-time seed is drawn; the result records it (``seed``) and its reproduce
+    command always carries ``--seed N``.
+    """
     repo = open_repo(Path(repo_root))
     root = Path(repo.working_dir)
     task = load_task(root, task_id)
     dev = detect_device(device)
+    seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
     cand = create_candidate(root, task_id, source, base)
     cmd = (f"workbench run {task_id} --candidate {shlex.quote(str(source))} --base {cand.base_commit[:12]} "
-           f"--device {dev}" + (f" --seed {seed}" if seed is not None else ""))
+           f"--device {dev} --seed {seed}")
     return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)

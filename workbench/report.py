@@ -5,17 +5,37 @@ from __future__ import annotations
 from workbench.results import RunResult
 
 
+def perf_not_judged_note(r: RunResult) -> str:
+    """One sentence for a result that is "correct, perf not judged": why, and what would judge it."""
+    perf = next((v for v in r.verdicts if v.guard == "perf"), None)
+    devices = next((str(e.value) for e in perf.evidence if e.name == "perf_devices"), None) if perf else None
+    if devices:
+        why = f"the task times it on {devices} only"
+        how = (f"judge it there (`workbench verify {r.task_id} --branch {r.candidate.branch} "
+               f"--device {devices.split(',')[0].strip()}`)")
+    else:
+        why = perf.summary.rstrip(".") if perf is not None else "the perf guard did not run"
+        why, how = why[:1].lower() + why[1:], "no timed workload judges it as declared"
+    return (f"Perf was NOT judged on {r.device} ({why}): correctness and activation passed, but this result "
+            f"measures no speedup and claims none; {how} before counting it as faster.")
+
+
 def render_markdown(r: RunResult) -> str:
-    """The report: verdicts, correctness per configuration, perf per configuration, provenance."""
-    verdict = "ACCEPTED" if r.accepted else "REJECTED"
-    lines = [
-        f"# {r.task_id}: {verdict}",
-        "",
+    """The report: verdicts, correctness per configuration, perf per configuration, provenance.
+
+    The title is the acceptance label (``ACCEPTED``, ``CORRECT, PERF NOT JUDGED`` or ``REJECTED``); a
+    result whose perf was not judged says so again right under the title.
+    """
+    lines = [f"# {r.task_id}: {r.acceptance_label}", ""]
+    if r.acceptance == "correct_perf_not_judged":
+        lines += [f"> **{perf_not_judged_note(r)}**", ""]
+    lines += [
         f"- candidate: `{r.candidate.source}` ({r.candidate.kind}) on branch `{r.candidate.branch}`",
         f"- base `{r.candidate.base_commit[:12]}` -> candidate `{r.candidate.candidate_commit[:12]}`",
         f"- device: {r.device}; torch {r.environment.get('torch')}; python {r.environment.get('python')}"
         + (f"; GPU {r.environment.get('gpu_name')}" if r.environment.get("gpu_name") else ""),
         f"- started {r.started_at}, took {r.duration_s:.1f} s",
+        f"- seed: {r.seed if r.seed is not None else 'not recorded (schema-1 result file)'}",
         f"- reproduce: `{r.command}`",
         "",
         "## Verdicts",

@@ -8,14 +8,34 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from guards.verdict import Status, Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added ``seed`` and ``perf_judged``; version 1 files are upgraded when read (:func:`read_result`)."""
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
+
+Acceptance = Literal["accepted", "correct_perf_not_judged", "rejected"]
+ACCEPTANCE_LABELS: dict[str, str] = {
+    "accepted": "ACCEPTED",
+    "correct_perf_not_judged": "CORRECT, PERF NOT JUDGED",
+    "rejected": "REJECTED",
+}
+"""What the CLI summary, the Markdown report and the review queue print for each acceptance state."""
+
+
+def perf_was_judged(verdicts: Sequence[Verdict]) -> bool:
+    """Whether the perf guard reached a judgement on the candidate's speed (its verdict is PASS or FAIL).
+
+    SKIP (perf is not judged on this device, no timed workload in the declared scope, or an earlier
+    guard stopped the run) and ERROR (the timer broke) are no judgement; neither is a missing perf verdict.
+    """
+    return any(v.guard == "perf" and v.status in (Status.PASS, Status.FAIL) for v in verdicts)
 
 
 class _Model(BaseModel):
@@ -119,7 +139,7 @@ class CandidateInfo(_Model):
 
 
 class RunResult(_Model):
-    """Everything about one judged candidate (schema version 1).
+    """Everything about one judged candidate (schema version 2).
 
     Attributes:
         schema_version: bumped on incompatible changes.
@@ -130,7 +150,14 @@ class RunResult(_Model):
         environment: versions and device facts (see :func:`workbench.env.collect`).
         device: ``cpu`` or ``cuda``.
         verdicts: in pipeline order.
-        accepted: every verdict PASS (SKIP allowed only for guards that do not apply).
+        accepted: no verdict FAIL or ERROR and the activation guard PASSed (SKIP allowed for guards that
+            do not apply). It does not say that a speedup was measured: see ``perf_judged`` and
+            :attr:`acceptance`.
+        perf_judged: the perf guard judged the candidate's speed on this device (its verdict is PASS or
+            FAIL, :func:`perf_was_judged`). An accepted result with ``perf_judged`` false is "correct,
+            perf not judged": correctness and activation hold, but no claimed speedup was measured.
+        seed: the run-time seed the guards drew their inputs with (``--seed`` reproduces it); ``None``
+            only in a schema-1 file whose reproduce command did not name one.
         cases: per-configuration correctness.
         perf: per-configuration timings.
         dispatch_trace: decisions recorded while the candidate ran (op, implementation, reason).
@@ -148,12 +175,33 @@ class RunResult(_Model):
     device: str
     verdicts: tuple[Verdict, ...]
     accepted: bool
+    perf_judged: bool = False
+    seed: int | None = None
     cases: tuple[CaseResult, ...] = ()
     perf: tuple[PerfResult, ...] = ()
     dispatch_trace: tuple[dict[str, Any], ...] = ()
     command: str
     started_at: str
     duration_s: float
+
+    @model_validator(mode="after")
+    def _perf_judged_needs_a_perf_verdict(self) -> "RunResult":
+        if self.perf_judged and not any(v.guard == "perf" and v.status is not Status.SKIP for v in self.verdicts):
+            raise ValueError("perf_judged is true but the perf guard has no verdict other than SKIP; "
+                             "set perf_judged from the verdicts (workbench.results.perf_was_judged).")
+        return self
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """``accepted`` (perf judged too), ``correct_perf_not_judged`` (accepted, no speed measured), ``rejected``."""
+        if not self.accepted:
+            return "rejected"
+        return "accepted" if self.perf_judged else "correct_perf_not_judged"
+
+    @property
+    def acceptance_label(self) -> str:
+        """``ACCEPTED``, ``CORRECT, PERF NOT JUDGED`` or ``REJECTED`` (:data:`ACCEPTANCE_LABELS`)."""
+        return ACCEPTANCE_LABELS[self.acceptance]
 
     def first_failure(self) -> Verdict | None:
         """The verdict that stopped acceptance (FAIL or ERROR), if any."""
@@ -180,10 +228,13 @@ def write_result(result: RunResult, results_dir: Path) -> Path:
 
 
 def read_result(path: Path) -> RunResult:
-    """Load a result file.
+    """Load a result file; a schema-1 file is upgraded in memory (the file on disk is left as it is).
+
+    Upgrade from 1: ``seed`` is taken from the reproduce command's ``--seed N`` when it names one (else
+    ``None``); ``perf_judged`` from the perf verdict (:func:`perf_was_judged`).
 
     Raises:
-        workbench.errors.WorkbenchError: missing file, not JSON, or another schema version.
+        workbench.errors.WorkbenchError: missing file, not JSON, or a schema version this code cannot read.
     """
     from workbench.errors import WorkbenchError
 
@@ -195,14 +246,30 @@ def read_result(path: Path) -> RunResult:
     except json.JSONDecodeError as exc:
         raise WorkbenchError(f"Result file {path}: not JSON ({exc}).") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise WorkbenchError(
-            f"Result file {path}: schema_version {version!r}; this workbench reads version {SCHEMA_VERSION}."
+            f"Result file {path}: schema_version {version!r}; this workbench reads version 1 (upgraded on read) "
+            f"and {SCHEMA_VERSION}. Re-run `workbench verify` with a matching workbench."
         )
     try:
+        if version == 1:
+            data = _upgrade_v1(data)
         return RunResult.model_validate(data)
     except Exception as exc:
         raise WorkbenchError(f"Result file {path}: does not match the schema: {exc}") from None
+
+
+_SEED_IN_COMMAND = re.compile(r"(?:^|\s)--seed[ =](\d+)(?:\s|$)")
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 document as schema 2: ``seed`` from the command, ``perf_judged`` from the verdicts."""
+    out = dict(data, schema_version=SCHEMA_VERSION)
+    m = _SEED_IN_COMMAND.search(str(data.get("command", "")))
+    out.setdefault("seed", int(m.group(1)) if m else None)
+    verdicts = [Verdict.model_validate(v) for v in data.get("verdicts", ())]
+    out.setdefault("perf_judged", perf_was_judged(verdicts))
+    return out
 
 
 def file_sha256(path: Path) -> str:

@@ -264,3 +264,66 @@ def test_negative_zero_written_over_a_zero_input_fails_correctness(project_repo,
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL, v.one_line()
     assert "edge_ties" in v.summary and "mutated input(s) e_score_correction_bias" in v.summary
+# --- Scope is data, not code (issue 12 item 4) ---------------------------------------------------------
+
+LYING_PHASES = '''
+class _Phases(tuple):
+    def __contains__(self, phase):
+        return phase in ("decode", "prefill")
+'''
+
+
+def test_activation_lying_scope_is_refused_by_the_child_dispatcher(project_repo, tmp_path):
+    """A phases tuple that lists decode but contains prefill never reaches the activation check: the
+    dispatcher refuses it when the kernel is imported, and correctness reports the ScopeError."""
+    src = (project_repo / GOOD).read_text()
+    src = src.replace('phases=("decode",)', 'phases=_Phases(("decode",))').replace("\nSCOPE = ", LYING_PHASES + "\nSCOPE = ")
+    ctx = _candidate(project_repo, tmp_path, src, "lying-phases")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL
+    assert ("ScopeError: k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): invalid SCOPE while "
+            "importing the kernel: OpScope field 'phases' must be a plain tuple of str; got "
+            "k3_model.kernels.moe_dispatch._Phases") in v.summary
+
+
+def _activation_ctx(tmp_path: Path, scope) -> GuardContext:
+    task = load_task(Path(__file__).resolve().parents[2], "k3_moe_dispatch")
+    return GuardContext(task=task, repo_root=tmp_path, worktree=tmp_path, base_commit="b" * 40,
+                        candidate_commit="c" * 40, device="cpu", seed=1,
+                        artifacts={"cases": [], "case_objects": [], "traces": {}, "scope": scope})
+
+
+@pytest.mark.parametrize("scope, got", [
+    ({"devices": ["cpu"], "phases": "decode", "tp_sizes": [1], "dtypes": ["float32"], "batch_min": 1,
+      "batch_max": 64}, "OpScope field 'phases' must be a plain tuple of str; got str."),
+    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [True], "dtypes": ["float32"], "batch_min": 1,
+      "batch_max": 64}, "OpScope field 'tp_sizes' item 0 must be exactly int; got bool."),
+    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [1], "dtypes": ["float32"], "batch_min": 1,
+      "batch_max": 64.5}, "OpScope field 'batch_max' must be exactly int; got float."),
+])
+def test_activation_fails_a_reported_scope_that_is_not_plain_data(tmp_path, scope, got):
+    v = ActivationGuard().check(_activation_ctx(tmp_path, scope))
+    assert v.status is Status.FAIL
+    assert v.summary.startswith("The declared scope is not plain data: the declared scope the correctness child "
+                                f"reported: {got}")
+    assert v.evidence[0].name == "declared_scope" and v.evidence[0].path == "k3_model/kernels/moe_dispatch/"
+
+
+def test_activation_claims_uses_the_dispatchers_rule():
+    """``claims`` (activation and perf) and ``OpScope.covers`` (dispatcher) agree on every configuration."""
+    from guards.activation import claims
+    from k3_model.dispatch import BatchInfo, OpScope
+
+    scope = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("float32",), batch_min=2, batch_max=33)
+    reported = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
+    n_in = 0
+    for phase in ("decode", "prefill", "mixed"):
+        for batch in (1, 2, 33, 34, 64):
+            for device in ("cpu", "cuda"):
+                for dtype in ("float32", "bfloat16"):
+                    for tp in (1, 2, 4):
+                        want = scope.covers(BatchInfo(phase, batch, device, dtype, tp))[0]
+                        assert claims(reported, phase=phase, batch=batch, device=device, dtype=dtype, tp=tp) is want
+                        assert claims(scope, phase=phase, batch=batch, device=device, dtype=dtype, tp=tp) is want
+                        n_in += want
+    assert n_in == 4  # decode, batch 2 and 33, cpu, float32, TP 1 and 2

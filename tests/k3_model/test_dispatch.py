@@ -3,6 +3,7 @@ every decision recorded with its reason."""
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from k3_model import dispatch
-from k3_model.dispatch import DispatchError, OpScope, declared_scope, forward_context, record_trace
+from k3_model.dispatch import (DispatchError, OpScope, ScopeError, declared_scope, forward_context, parse_scope,
+                               record_trace)
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
 
 OPMOD = "k3_model.kernels.moe_dispatch"
@@ -88,11 +90,11 @@ def test_nothing_merged_on_base_is_reported():
 def test_malformed_kernel_raises_instead_of_silent_fallback(monkeypatch):
     mod = types.ModuleType(OPMOD)
     mod.__file__ = "<fake>"
-    mod.SCOPE = {"devices": ["cpu"]}  # not an OpScope
+    mod.SCOPE = "cpu decode 1-64"  # neither an OpScope nor a dict
     monkeypatch.setitem(sys.modules, OPMOD, mod)
     monkeypatch.setattr(dispatch, "_MODULES", {})
     with forward_context(decode_backend="latency_specialized", phase="decode"):
-        with pytest.raises(DispatchError, match="SCOPE must be a k3_model.dispatch.OpScope"):
+        with pytest.raises(DispatchError, match="SCOPE must be a k3_model.dispatch.OpScope or a plain dict"):
             _call(2)
 
 
@@ -137,3 +139,230 @@ def test_group_limited_topk_negative_scores_stays_in_kept_group():
     got = dict(zip(outs["topk_ids"][0].tolist(), outs["topk_weights"][0].tolist()))
     assert got[0] == pytest.approx(float(s[0] / s.sum()), rel=1e-6)
     assert got[1] == pytest.approx(float(s[1] / s.sum()), rel=1e-6)
+
+
+# --- Scope is data, not code (issue 12 item 4) ---------------------------------------------------------
+# A SCOPE whose containers are code can answer ``in`` one way and list itself another: the activation
+# guard reads the listing (``to_dict``), the dispatcher asks ``in``. These objects tell exactly that lie.
+
+
+class _LyingPhases(tuple):
+    """Lists only ("decode",) but says yes to every phase."""
+
+    def __contains__(self, item):
+        return True
+
+
+class _LyingBatches:
+    """Iterates 1..64 (what was tested) but contains every batch size."""
+
+    def __iter__(self):
+        return iter(range(1, 65))
+
+    def __contains__(self, item):
+        return True
+
+
+class _Str(str):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+class _Big(int):
+    """64 when printed, larger than any batch when compared."""
+
+    def __ge__(self, other):
+        return True
+
+
+class _CoversAll(OpScope):
+    def covers(self, batch):
+        return True, "in scope (says the subclass)"
+
+
+def _fake_module(monkeypatch, scope, entry=None):
+    mod = types.ModuleType(OPMOD)
+    mod.__file__ = "<fake>"
+    mod.SCOPE = scope
+    mod.moe_route_dispatch = entry or (lambda *a, **k: None)
+    monkeypatch.setitem(sys.modules, OPMOD, mod)
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    return mod
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"devices": ("cpu",), "phases": _LyingPhases(("decode",))},
+     f"OpScope field 'phases' must be a plain tuple of str; got {__name__}._LyingPhases "
+     "(a subclass of tuple/list: its __contains__ and __iter__ can disagree). "
+     "Write it as a literal, e.g. phases=(\"decode\",)."),
+    ({"devices": ("cpu",), "tp_sizes": _LyingBatches()},
+     f"OpScope field 'tp_sizes' must be a plain tuple of int; got {__name__}._LyingBatches."),
+    ({"devices": (_Str("cpu"),)},
+     f"OpScope field 'devices' item 0 must be exactly str; got {__name__}._Str."),
+    ({"devices": ("cpu",), "tp_sizes": (True,)}, "OpScope field 'tp_sizes' item 0 must be exactly int; got bool."),
+    ({"devices": ("cpu",), "batch_max": _Big(64)},
+     f"OpScope field 'batch_max' must be exactly int; got {__name__}._Big."),
+    ({"devices": ("cpu",), "batch_max": 64.0}, "OpScope field 'batch_max' must be exactly int; got float."),
+    ({"devices": ()}, "OpScope field 'devices' is empty, so the kernel could never run"),
+    ({"devices": ("cpu",), "batch_min": 0}, "OpScope batch range [0, 64] is empty or below 1"),
+    ({"devices": ("cpu",), "batch_min": 65}, "OpScope batch range [65, 64] is empty or below 1"),
+])
+def test_opscope_construction_rejects_what_is_not_plain_data(kwargs, message):
+    with pytest.raises(ScopeError) as info:
+        OpScope(**kwargs)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, DispatchError)
+
+
+def test_opscope_normalises_lists_to_plain_tuples():
+    s = OpScope(devices=["cpu"], phases=["decode"], tp_sizes=[1, 2], dtypes=["float32"], batch_min=1, batch_max=8)
+    assert (s.devices, s.phases, s.tp_sizes, s.dtypes) == (("cpu",), ("decode",), (1, 2), ("float32",))
+    assert all(type(getattr(s, f)) is tuple for f in ("devices", "phases", "tp_sizes", "dtypes"))
+    assert s.to_dict() == {"devices": ("cpu",), "phases": ("decode",), "tp_sizes": (1, 2), "dtypes": ("float32",),
+                           "batch_min": 1, "batch_max": 8}
+
+
+def test_dict_literal_scope_is_accepted_and_is_what_the_dispatcher_uses(monkeypatch):
+    calls = []
+
+    def entry(router_logits, e_score_correction_bias, token_valid, **kw):
+        calls.append(router_logits.shape[0])
+        from k3_model.ops.moe_dispatch import moe_route_dispatch_standard
+
+        moe_route_dispatch_standard(router_logits, e_score_correction_bias, token_valid, **kw)
+
+    _fake_module(monkeypatch, {"devices": ["cpu"], "phases": ("decode",), "batch_min": 2, "batch_max": 4}, entry)
+    scope = declared_scope("moe_dispatch")
+    assert scope == OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",),
+                            batch_min=2, batch_max=4)
+    assert type(scope) is OpScope and type(scope.devices) is tuple
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        for T in (1, 2, 4, 5):
+            _call(T)
+    assert tr.implementations() == ["standard", "latency_specialized", "latency_specialized", "standard"]
+    assert calls == [2, 4]
+    assert tr.decisions[3].reason == "out of declared scope: batch 5 outside [2, 4]"
+
+
+@pytest.mark.parametrize("scope, message", [
+    ({"devices": ("cpu",), "phases": _LyingPhases(("decode",))},
+     "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'phases' must be a plain tuple"),
+    ({"devices": ("cpu",), "batch_max": _Big(64)},
+     "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'batch_max' must be exactly int"),
+    ({"devices": ("cpu",), "batch_limit": 64},
+     "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE has key(s) that are not OpScope fields "
+     "(batch_limit); expected keys among devices, phases, tp_sizes, dtypes, batch_min, batch_max."),
+    ({"phases": ("decode",)}, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE lacks 'devices'"),
+    (None, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE must be a k3_model.dispatch.OpScope "
+           "or a plain dict declaring where the kernel runs; no SCOPE is defined."),
+    (types.MappingProxyType({"devices": ("cpu",)}), "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): "
+                                                    "SCOPE must be a k3_model.dispatch.OpScope or a plain dict"),
+])
+def test_scope_that_is_not_data_is_refused_before_any_call(monkeypatch, scope, message):
+    _fake_module(monkeypatch, scope)
+    with pytest.raises(ScopeError) as info:
+        declared_scope("moe_dispatch")
+    assert str(info.value).startswith(message)
+    with forward_context(decode_backend="latency_specialized", phase="prefill"):
+        with pytest.raises(ScopeError):  # never a silent fallback, never the kernel
+            _call(2)
+
+
+def test_opscope_subclass_is_refused(monkeypatch):
+    """A subclass's ``covers`` is code: it could say yes to prefill while its fields say decode."""
+    _fake_module(monkeypatch, _CoversAll(devices=("cpu",)))
+    with pytest.raises(ScopeError, match=re.escape(f"got {__name__}._CoversAll (a subclass of OpScope")):
+        declared_scope("moe_dispatch")
+
+
+def test_scope_tampered_after_construction_is_refused(monkeypatch):
+    """A frozen OpScope can still be written with object.__setattr__; parsing re-validates every field."""
+    s = OpScope(devices=("cpu",))
+    object.__setattr__(s, "phases", _LyingPhases(("decode",)))
+    _fake_module(monkeypatch, s)
+    with pytest.raises(ScopeError, match="OpScope field 'phases' must be a plain tuple of str"):
+        declared_scope("moe_dispatch")
+
+
+def test_scope_is_read_once_and_later_changes_change_nothing(monkeypatch):
+    """Guards and dispatcher share the object parsed at import; rebinding or mutating SCOPE later is ignored."""
+    mod = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_min=1, batch_max=16))
+    first = declared_scope("moe_dispatch")
+    assert first == mod.SCOPE and first is not mod.SCOPE  # a private copy
+    mod.SCOPE = OpScope(devices=("cpu",), phases=("decode", "prefill"), batch_min=1, batch_max=128)
+    assert declared_scope("moe_dispatch") is first
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        _call(17)
+    with record_trace() as tr2, forward_context(decode_backend="latency_specialized", phase="prefill"):
+        _call(8)
+    assert tr.implementations() == ["standard"] and tr2.implementations() == ["standard"]
+    assert tr.decisions[0].reason == "out of declared scope: batch 17 outside [1, 16]"
+
+
+def test_module_whose_scope_changes_per_read_is_read_once(monkeypatch):
+    """A module class with a SCOPE property could answer the guard and the dispatcher differently."""
+    reads = []
+
+    class _Shifty(types.ModuleType):
+        @property
+        def SCOPE(self):
+            reads.append(1)
+            return OpScope(devices=("cpu",), batch_max=8 if len(reads) == 1 else 64)
+
+    mod = _fake_module(monkeypatch, None)
+    del mod.SCOPE
+    mod.__class__ = _Shifty
+    scope = declared_scope("moe_dispatch")
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        _call(16)
+    assert scope.batch_max == 8 and declared_scope("moe_dispatch") is scope
+    assert tr.implementations() == ["standard"] and len(reads) == 1
+
+
+def test_swapped_module_gets_its_own_parsed_scope(monkeypatch):
+    """guards/_child_main.py swaps ``_MODULES[op]`` to time the base commit's kernel: each module keeps its scope."""
+    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_max=64))
+    assert declared_scope("moe_dispatch").batch_max == 64
+    base = types.ModuleType("base_kernel")
+    base.__file__ = "<base>"
+    base.SCOPE = OpScope(devices=("cpu",), batch_max=4)
+    base.moe_route_dispatch = cand.moe_route_dispatch
+    dispatch._MODULES["moe_dispatch"] = base
+    assert declared_scope("moe_dispatch").batch_max == 4
+    dispatch._MODULES["moe_dispatch"] = cand
+    assert declared_scope("moe_dispatch").batch_max == 64
+
+
+def test_lying_scope_in_a_kernel_module_fails_at_import(monkeypatch, tmp_path):
+    """The real import path: ``OpScope(...)`` in the module body refuses the container, the dispatcher says where."""
+    pkg = tmp_path / "lying_scope_op"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from k3_model.dispatch import OpScope\n"
+        "class Phases(tuple):\n"
+        "    def __contains__(self, item):\n"
+        "        return True\n"
+        "SCOPE = OpScope(devices=('cpu',), phases=Phases(('decode',)))\n"
+        "def lying_scope_op(*a, **k):\n"
+        "    pass\n")
+    import k3_model.kernels as kernels
+
+    monkeypatch.setattr(kernels, "__path__", [*kernels.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "k3_model.kernels.lying_scope_op", raising=False)
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    with pytest.raises(ScopeError) as info:
+        declared_scope("lying_scope_op")
+    assert str(info.value) == (
+        "k3_model.kernels.lying_scope_op (k3_model/kernels/lying_scope_op/): invalid SCOPE while importing the "
+        "kernel: OpScope field 'phases' must be a plain tuple of str; got k3_model.kernels.lying_scope_op.Phases "
+        "(a subclass of tuple/list: its __contains__ and __iter__ can disagree). "
+        "Write it as a literal, e.g. phases=(\"decode\",).")
+
+
+def test_parse_scope_returns_a_fresh_equal_object():
+    s = OpScope(devices=("cpu", "cuda"), tp_sizes=(1, 2), batch_max=32)
+    p = parse_scope(s)
+    assert p == s and p is not s
+    assert parse_scope({"devices": ("cpu", "cuda"), "tp_sizes": [1, 2], "batch_max": 32}) == s

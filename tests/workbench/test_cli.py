@@ -1,9 +1,11 @@
-"""The CLI's contract: exit 0 accepted / 1 rejected / 2 bad input; the last line is the result path."""
+"""The CLI's contract: exit 0 accepted / 1 rejected / 2 bad input / 3 correct but perf not judged; the last
+line is the result path; every result records its seed and its reproduce command names it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +25,15 @@ def wb(repo: Path, *args: str) -> subprocess.CompletedProcess:
 def test_run_accepts_good_and_prints_result_path_last(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu")
     assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[0] == f"k3_moe_dispatch candidate {GOOD}: ACCEPTED"
     last = Path(p.stdout.strip().splitlines()[-1])
     assert last.suffix == ".json" and last.is_file()
-    assert json.loads(last.read_text())["accepted"] is True
+    data = json.loads(last.read_text())
+    assert data["accepted"] is True and data["perf_judged"] is True and data["schema_version"] == 2
+    assert type(data["seed"]) is int and data["command"].endswith(f" --seed {data['seed']}")  # drawn, recorded
     r = wb(project_repo, "report", str(last))
     assert r.returncode == 0 and "| perf | PASS |" in r.stdout
+    assert r.stdout.startswith("# k3_moe_dispatch: ACCEPTED\n") and f"- seed: {data['seed']}\n" in r.stdout
 
 
 def test_run_rejects_bad_with_exit_1(project_repo):
@@ -88,3 +94,102 @@ def test_selftest_skips_a_fixture_already_merged(fresh_repo):
 def test_tables_are_not_truncated_when_piped(project_repo):
     p = wb(project_repo, "tasks")
     assert "k3_model/kernels/moe_dispatch/**" in p.stdout and "k3_model.ops.moe_dispatch:moe_route_dispatch" in p.stdout
+
+
+def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(project_repo):
+    p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu")
+    assert p.returncode == 1, p.stdout + p.stderr
+    first = json.loads(Path(p.stdout.strip().splitlines()[-1]).read_text())
+    seed = first["seed"]
+    assert type(seed) is int and seed not in (0, 1, 2)  # a run-time seed, never a public one
+    argv = shlex.split(first["command"])
+    assert argv[:2] == ["workbench", "run"] and argv[argv.index("--seed") + 1] == str(seed)
+    q = wb(project_repo, *argv[1:])  # the reproduce command as recorded
+    assert q.returncode == 1, q.stdout + q.stderr
+    again = json.loads(Path(q.stdout.strip().splitlines()[-1]).read_text())
+    assert again["seed"] == seed and again["command"] == first["command"]
+    assert [c["axes"] for c in again["cases"]] == [c["axes"] for c in first["cases"]]  # the same random draws
+    assert again["verdicts"][2]["summary"] == first["verdicts"][2]["summary"]
+
+
+def _perf_not_judged_result(tmp_path: Path):
+    """A result as k3_allreduce_rmsnorm's good CPU fixture gets on CPU: everything passes, perf SKIPs."""
+    from guards.verdict import Evidence, Status, Verdict
+    from workbench.results import CandidateInfo, RunResult, perf_was_judged, write_result
+
+    verdicts = tuple(Verdict(guard=g, status=Status.PASS, summary="ok.") for g in ("isolation", "audit", "correctness",
+                                                                                     "activation"))
+    verdicts += (Verdict(guard="model_eval", status=Status.SKIP, summary="K3-mini never calls op 'allreduce_rmsnorm'."),
+                 Verdict(guard="perf", status=Status.SKIP,
+                         summary="Performance of this task is judged on cuda only, not cpu: a CPU verdict would be a coin toss.",
+                         evidence=(Evidence(name="perf_devices", value="cuda"),)))
+    r = RunResult(
+        result_id="k3_allreduce_rmsnorm-9-deadbeef", task_id="k3_allreduce_rmsnorm", task_spec_sha256="0" * 64,
+        candidate=CandidateInfo(source="x", kind="folder", branch="wb/k3_allreduce_rmsnorm/9", worktree="/w",
+                                base_commit="b" * 40, candidate_commit="c" * 40),
+        environment={}, device="cpu", verdicts=verdicts, accepted=True, perf_judged=perf_was_judged(verdicts), seed=4242,
+        command="workbench run k3_allreduce_rmsnorm --candidate x --base bbbbbbbbbbbb --device cpu --seed 4242",
+        started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
+    return r, write_result(r, tmp_path / "results")
+
+
+def test_perf_not_judged_is_never_a_plain_accept(project_repo, tmp_path, monkeypatch):
+    """Accepted with perf SKIPped: labelled everywhere, exit 3, not put in the review queue."""
+    from typer.testing import CliRunner
+
+    import workbench.pipeline as pipeline
+    from workbench.cli import app
+    from workbench.review.store import ReviewStore
+
+    result, path = _perf_not_judged_result(tmp_path)
+    assert result.accepted and not result.perf_judged and result.acceptance == "correct_perf_not_judged"
+    monkeypatch.setattr(pipeline, "run_candidate", lambda *a, **k: (result, path))
+    db = f"sqlite:///{tmp_path / 'queue.db'}"
+    out = CliRunner().invoke(app, ["run", "k3_allreduce_rmsnorm", "-c", "x", "--repo", str(project_repo)],
+                             env={"WORKBENCH_DB": db, "COLUMNS": "250"})
+    assert out.exit_code == 3, out.output
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "k3_allreduce_rmsnorm candidate x: CORRECT, PERF NOT JUDGED"
+    assert lines[-1] == str(path)
+    assert ("Perf was NOT judged on cpu (the task times it on cuda only): correctness and activation passed, but "
+            "this result measures no speedup and claims none") in out.stdout
+    assert "review queue: not queued: correct, perf not judged on cpu" in out.stderr
+    assert ReviewStore(db).items() == []
+    md = path.with_suffix(".md").read_text()
+    assert md.startswith("# k3_allreduce_rmsnorm: CORRECT, PERF NOT JUDGED\n\n> **Perf was NOT judged on cpu")
+    assert "`workbench verify k3_allreduce_rmsnorm --branch wb/k3_allreduce_rmsnorm/9 --device cuda`" in md
+    assert "- seed: 4242\n" in md
+
+
+def test_schema_1_result_files_are_upgraded_on_read(tmp_path):
+    """Old result files stay readable (the review queue points at them): seed from the command, perf_judged
+    from the perf verdict."""
+    from workbench.results import read_result
+
+    result, path = _perf_not_judged_result(tmp_path)
+    old = json.loads(path.read_text())
+    for k in ("seed", "perf_judged"):
+        del old[k]
+    old["schema_version"] = 1
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps(old))
+    r = read_result(v1)
+    assert (r.schema_version, r.seed, r.perf_judged, r.acceptance) == (2, 4242, False, "correct_perf_not_judged")
+    old["command"] = "workbench run k3_allreduce_rmsnorm --candidate x --device cpu"  # v1 without --seed
+    old["verdicts"][-1] = {"guard": "perf", "status": "PASS", "summary": "Faster.", "evidence": [], "duration_s": 0.0}
+    v1.write_text(json.dumps(old))
+    r = read_result(v1)
+    assert (r.seed, r.perf_judged, r.acceptance) == (None, True, "accepted")
+    assert json.loads(v1.read_text())["schema_version"] == 1  # the file itself is never rewritten
+
+
+def test_perf_judged_needs_a_perf_verdict_that_is_not_skip(tmp_path):
+    import pydantic
+
+    from workbench.results import RunResult
+
+    result, _ = _perf_not_judged_result(tmp_path)
+    data = json.loads(result.model_dump_json())
+    data["perf_judged"] = True  # but perf SKIPped
+    with pytest.raises(pydantic.ValidationError, match="perf_judged is true but the perf guard has no verdict other than SKIP"):
+        RunResult.model_validate(data)
