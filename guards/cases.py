@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import math
 import random
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from workbench.errors import TaskSpecError
-from workbench.taskspec import TaskSpec, WorkloadSpec, eval_dim
+from workbench.taskspec import (DomainSpec, DomainValueSpec, TaskSpec, WorkloadSpec, check_constraint,
+                                eval_constraint, eval_dim)
 
 INT_POISON = -7777
 """Value written into integer outputs before each call (never a valid id, index or count)."""
@@ -112,12 +114,217 @@ def output_specs(task: TaskSpec, axes: dict[str, int]) -> dict[str, dict[str, An
     return specs
 
 
-def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
-    """``correctness.random_draws`` workloads drawn at run time inside the declared scope.
+CANDIDATES_PER_DRAW = 24
+"""Random configurations generated per draw; the one covering the most new values and pairs is kept."""
+MAX_TRIES = 5000
+"""Rejection-sampling attempts for one configuration that meets the domain's constraints."""
 
-    Each starts from a ``random_template`` workload and redraws the batch axis uniformly in
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """A part of one dimension's legal values that coverage counts as one value.
+
+    Attributes:
+        lo, hi: a point (``lo == hi``) or an inclusive sub-range of a min/max range.
+        log: draw inside the sub-range log-uniformly.
+    """
+
+    lo: Any
+    hi: Any
+    log: bool = False
+
+    @property
+    def point(self) -> bool:
+        return self.lo == self.hi and type(self.lo) is type(self.hi)
+
+    def holds(self, v: Any) -> bool:
+        if self.point:
+            return v == self.lo and type(v) is type(self.lo)
+        return type(v) is not bool and isinstance(v, (int, float)) and self.lo <= v <= self.hi
+
+
+def value_cells(spec: DomainValueSpec) -> list[Cell]:
+    """The coverage cells of one axis or parameter, points first.
+
+    Choices: one cell each. A range: its two edges, each realistic value, then the inside (integers:
+    up to three geometrically spaced bins between the edges; floats: one bin), so edges and the
+    model's values are drawn as often as the whole inside.
+    """
+    if spec.choices is not None:
+        return [Cell(c, c) for c in spec.choices]
+    lo, hi = spec.min, spec.max
+    points: list[Any] = []
+    for v in (lo, hi, *spec.realistic):
+        if not any(v == q and type(v) is type(q) for q in points):
+            points.append(v)
+    cells = [Cell(v, v) for v in points]
+    if spec.is_int_range:
+        a, b = int(lo) + 1, int(hi) - 1  # type: ignore[arg-type]
+        n = min(3, b - a + 1)
+        if n > 0:
+            if a >= 1 and b / a >= 4:  # geometric bins: small values are as likely as large ones
+                cuts = [a, *(round(a * (b / a) ** (k / n)) for k in range(1, n)), b + 1]
+            else:
+                cuts = [a + (b - a + 1) * k // n for k in range(n)] + [b + 1]
+            cells += [Cell(x, y - 1, log=False) for x, y in zip(cuts, cuts[1:]) if y - 1 >= x]
+    elif hi > lo:  # type: ignore[operator]
+        cells.append(Cell(float(lo), float(hi), log=spec.log))  # type: ignore[arg-type]
+    return cells
+
+
+def _draw_in(cell: Cell, rng: random.Random, is_int: bool) -> Any:
+    if cell.point:
+        return cell.lo
+    if is_int:
+        if cell.log and cell.lo >= 1:
+            return min(cell.hi, max(cell.lo, int(round(math.exp(rng.uniform(math.log(cell.lo), math.log(cell.hi + 1)) - 0.5)))))
+        return rng.randint(cell.lo, cell.hi)
+    x = math.exp(rng.uniform(math.log(cell.lo), math.log(cell.hi))) if cell.log else rng.uniform(cell.lo, cell.hi)
+    return min(cell.hi, max(cell.lo, float(f"{x:.6g}")))  # 6 significant digits: readable, still legal
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dim:
+    kind: str  # "axis", "param" or "regime"
+    name: str
+    cells: tuple[Cell, ...]
+    is_int: bool
+
+
+def _dims(dom: DomainSpec) -> list[_Dim]:
+    dims = [_Dim("axis", n, tuple(value_cells(s)), True) for n, s in dom.axes.items()]
+    dims += [_Dim("param", n, tuple(value_cells(s)), s.is_int_range) for n, s in dom.params.items()]
+    dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes), False))
+    return dims
+
+
+def _cell_index(dim: _Dim, v: Any) -> int | None:
+    return next((i for i, c in enumerate(dim.cells) if c.holds(v)), None)
+
+
+def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], regime: str) -> bool:
+    values = {**axes, **params}
+    if not dom.satisfied(values):
+        return False
+    req = dom.regimes[regime].requires
+    return not req or eval_constraint(req, values)
+
+
+def domain_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+    """``n`` configurations ``(axes, params, regime)`` drawn over every axis, param and regime of the domain.
+
+    Each draw keeps, of ``CANDIDATES_PER_DRAW`` random legal configurations (dimensions in declared
+    order, axes then params then the regime; each picks uniformly among its cells whose drawn value
+    meets the ``constraints``, ``cost_constraints`` and regime ``requires`` already decidable, a
+    value uniform inside the cell; a dead end restarts), the one covering the most cells and cell
+    pairs that neither the fixed workloads nor earlier draws covered (AETG-style pairwise
+    coverage): values and combinations no fixed workload uses come first, while the values inside
+    cells stay random. A new cell counts ``1000 / cells(dim)``, a new pair ``1 / (cells(a) *
+    cells(b))``: every dimension, and every pair of dimensions, weighs the same in total, so the
+    few combinations of two small dimensions (block size x groups) are covered early instead of
+    drowning among the many of two large ones. Deterministic for a seed.
+
+    Args:
+        task: a task with a ``[domain]``.
+        seed: the run-time seed.
+        n: draws (default ``correctness.random_draws``).
+
+    Raises:
+        TaskSpecError: the task has no domain, or no legal configuration was found in ``MAX_TRIES``.
+    """
+    dom = task.domain
+    if dom is None:
+        raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; random draws over the domain need one.")
+    n = task.correctness.random_draws if n is None else n
+    rng = random.Random(_derive_seed(seed, "domain_draws"))
+    dims = _dims(dom)
+    singles: set[tuple[int, int]] = set()
+    pairs: set[tuple[int, int, int, int]] = set()
+
+    def cover(idx: list[int | None]) -> tuple[set, set]:
+        s1 = {(d, i) for d, i in enumerate(idx) if i is not None}
+        s2 = {(a, idx[a], b, idx[b]) for a in range(len(idx)) for b in range(a + 1, len(idx))
+              if idx[a] is not None and idx[b] is not None}
+        return s1, s2
+
+    for w in task.correctness.workloads:
+        vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param" else w.case
+                for d in dims]
+        s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)])
+        singles |= s1
+        pairs |= s2
+
+    exprs = [(c, check_constraint(c)) for c in dom.constraints + dom.cost_constraints]
+    requires = {r: (spec.requires, check_constraint(spec.requires) if spec.requires else set())
+                for r, spec in dom.regimes.items()}
+
+    def candidate() -> tuple[list[int], list[Any]]:
+        # Dimensions in declared order; each picks uniformly among its cells whose drawn value meets
+        # every constraint already decidable (so a tightly constrained value, e.g. G = 1 forcing
+        # TG = 1, is as likely as the others instead of being lost to rejection sampling).
+        for _ in range(MAX_TRIES):
+            idx: list[int] = []
+            vals: list[Any] = []
+            known: dict[str, Any] = {}
+            for d in dims:
+                opts = []
+                for i, cell in enumerate(d.cells):
+                    v = _draw_in(cell, rng, d.is_int)
+                    env = {**known, d.name: v} if d.kind != "regime" else known
+                    names = set(env)
+                    todo = [c for c, used in exprs if d.name in used and used <= names] if d.kind != "regime" else []
+                    if d.kind == "regime" and requires[v][0]:
+                        todo = [requires[v][0]]
+                    if all(eval_constraint(c, env) for c in todo):
+                        opts.append((i, v))
+                if not opts:
+                    break
+                i, v = opts[rng.randrange(len(opts))]
+                idx.append(i)
+                vals.append(v)
+                if d.kind != "regime":
+                    known[d.name] = v
+            else:
+                axes = {d.name: v for d, v in zip(dims, vals) if d.kind == "axis"}
+                params = {d.name: v for d, v in zip(dims, vals) if d.kind == "param"}
+                if _legal(dom, axes, params, vals[-1]):
+                    return idx, vals
+        raise TaskSpecError(f"Task {task.task_id!r}: no configuration meeting the [domain] constraints was found in "
+                            f"{MAX_TRIES} random tries; the constraints are too tight or contradictory.")
+
+    out = []
+    for _ in range(n):
+        best, best_score = None, -1
+        for _ in range(CANDIDATES_PER_DRAW):
+            idx, vals = candidate()
+            s1, s2 = cover(list(idx))
+            score = (1000 * sum(1 / len(dims[d].cells) for d, _ in s1 - singles)
+                     + sum(1 / (len(dims[a].cells) * len(dims[b].cells)) for a, _, b, _ in s2 - pairs))
+            if score > best_score:
+                best, best_score = (idx, vals), score
+        idx, vals = best  # type: ignore[misc]
+        s1, s2 = cover(list(idx))
+        singles |= s1
+        pairs |= s2
+        out.append(({d.name: v for d, v in zip(dims, vals) if d.kind == "axis"},
+                    {d.name: v for d, v in zip(dims, vals) if d.kind == "param"}, vals[-1]))
+    return out
+
+
+def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
+    """``correctness.random_draws`` workloads drawn at run time.
+
+    With a ``[domain]``: every axis, param and input regime drawn by :func:`domain_draws`; each
+    workload is named ``random-<i>-<regime>`` and carries its axes, params and regime (``case``).
+    Without one: a ``random_template`` workload with the batch axis redrawn uniformly in
     ``[scope.batch_min, scope.batch_max]``.
     """
+    if task.domain is not None:
+        out = []
+        for i, (axes, params, regime) in enumerate(domain_draws(task, seed)):
+            out.append(WorkloadSpec(name=f"random-{i}-{regime.replace('_', '-')}", axes=axes, params=params, case=regime,
+                                    phase=task.scope.phases[0], note="drawn from [domain] at run time"))
+        return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
     templates = [w for w in task.correctness.workloads if w.random_template]
     out = []
@@ -127,6 +334,109 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
         axes[task.scope.batch_axis] = rng.randint(task.scope.batch_min, task.scope.batch_max)
         out.append(t.model_copy(update={"name": f"random-{i}-{t.name}", "axes": axes, "random_template": False}))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ShrinkResult:
+    """What :func:`shrink` found.
+
+    Attributes:
+        workload: the smallest configuration found that still fails (the input workload if none).
+        steps: the accepted simplifications in order, e.g. ``"T 37 -> 1"``.
+        calls: how many times the predicate was called.
+    """
+
+    workload: WorkloadSpec
+    steps: tuple[str, ...]
+    calls: int
+
+
+def _toward(spec: DomainValueSpec, cur: Any) -> list[Any]:
+    """Simpler values than ``cur``, most aggressive first: choices listed before it; for a range the
+    minimum, then halfway points toward ``cur`` (integers), or the first realistic value (floats)."""
+    if spec.choices is not None:
+        i = next((k for k, c in enumerate(spec.choices) if c == cur and type(c) is type(cur)), len(spec.choices))
+        return list(spec.choices[:i])
+    if spec.is_int_range:
+        lo, out, gap = int(spec.min), [], int(cur) - int(spec.min)  # type: ignore[arg-type]
+        while gap > 0:
+            out.append(int(cur) - gap)
+            gap //= 2
+        return [v for v in dict.fromkeys([lo, *out]) if v < cur]
+    simple = [spec.realistic[0]] if spec.realistic else [spec.min]
+    return [v for v in simple if v != cur]
+
+
+def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[WorkloadSpec], bool],
+           max_calls: int = 32) -> ShrinkResult:
+    """Shrink a failing workload to a minimal one that still fails (hypothesis-style, deterministic).
+
+    Passes over the dimensions until nothing changes or ``max_calls`` predicate calls are spent:
+    first the regime (toward the domain's ``realistic`` regimes), then every axis in declared order
+    (toward the domain minimum: the earlier choices, or the range minimum and then halfway points),
+    then every param (toward its first choice or first realistic value). A simpler candidate is kept
+    when it meets the domain's constraints, cost constraints and the regime's ``requires`` and
+    ``still_fails`` returns True for it. The result never fails less than the input: it is either
+    the input or a candidate the predicate confirmed.
+
+    Args:
+        task: a task with a ``[domain]``.
+        workload: a failing workload (axes, params, ``case`` = regime).
+        still_fails: runs the candidate on one workload; True when it is still wrong there. Exceptions
+            propagate.
+        max_calls: predicate budget (each call is a child run in the correctness guard).
+
+    Returns:
+        A :class:`ShrinkResult`; the workload is named ``<name>-shrunk`` when anything changed.
+
+    Raises:
+        TaskSpecError: the task has no domain.
+    """
+    dom = task.domain
+    if dom is None:
+        raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; shrinking works over the domain.")
+    axes, params, regime = dict(workload.axes), dict(workload.params), workload.case
+    steps: list[str] = []
+    calls = 0
+
+    def attempt(a: dict, p: dict, r: str, what: str) -> bool:
+        nonlocal calls, axes, params, regime
+        if calls >= max_calls or r not in dom.regimes or not _legal(dom, a, p, r):
+            return False
+        calls += 1
+        cand = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": a, "params": p, "case": r})
+        if still_fails(cand):
+            axes, params, regime = a, p, r
+            steps.append(what)
+            return True
+        return False
+
+    changed = True
+    while changed and calls < max_calls:
+        changed = False
+        simple = [r for r, spec in dom.regimes.items() if spec.realistic] or ["realistic"]
+        if regime not in simple:
+            for r in simple:
+                if attempt(axes, params, r, f"regime {regime} -> {r}"):
+                    changed = True
+                    break
+        for name, spec in dom.axes.items():
+            for v in _toward(spec, axes[name]):
+                if attempt({**axes, name: v}, params, regime, f"{name} {axes[name]} -> {v}"):
+                    changed = True
+                    break
+        for name, spec in dom.params.items():
+            if name not in params:
+                continue
+            for v in _toward(spec, params[name]):
+                if attempt(axes, {**params, name: v}, regime, f"{name} {params[name]!r} -> {v!r}"):
+                    changed = True
+                    break
+    if not steps:
+        return ShrinkResult(workload, (), calls)
+    w = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": axes, "params": params, "case": regime,
+                                    "note": f"shrunk from {workload.name}: " + "; ".join(steps)})
+    return ShrinkResult(w, tuple(steps), calls)
 
 
 def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:

@@ -12,6 +12,7 @@ Source: DESIGN.md "Contracts" (Task); TOML because duplicate keys are errors (to
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -112,6 +113,104 @@ def eval_dim(expr: str, axes: Mapping[str, int]) -> int:
         raise ValueError(f"shape expression {expr!r}: unsupported node {type(node).__name__}")
 
     return ev(_check_expr(expr))
+
+
+_CMP_OPS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+            ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+_ARITH_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+              ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+
+
+def check_constraint(expr: str) -> set[str]:
+    """Validate a domain constraint and return the names it uses.
+
+    A constraint is one boolean expression over axis and parameter names: integers, floats, ``True``/
+    ``False``, ``+ - * // %``, unary ``-``, comparisons (chains allowed), ``and``/``or``/``not``,
+    and ``cdiv``/``max``/``min`` calls, e.g. ``"E % G == 0"``, ``"K <= E // G * TG"``,
+    ``"renormalize or G == 1"``. Anything else (attributes, subscripts, other calls, strings) is refused.
+
+    Raises:
+        ValueError: the expression is not valid syntax or uses anything outside that form.
+    """
+    return set(_parsed_constraint(expr)[1])
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_constraint(expr: str) -> tuple[ast.Expression, frozenset[str]]:
+    """Parse and validate once per expression (see :func:`check_constraint`)."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"constraint {expr!r} is not a valid expression ({exc.msg})") from None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Name, ast.Load, ast.And,
+               ast.Or, ast.Not, ast.USub, *_CMP_OPS, *_ARITH_OPS)
+    funcs = set()
+    for node in ast.walk(tree):
+        ok = isinstance(node, allowed) or (isinstance(node, ast.Constant) and type(node.value) in (int, float, bool))
+        if isinstance(node, ast.Call):
+            ok = isinstance(node.func, ast.Name) and node.func.id in _SHAPE_FUNCS and not node.keywords
+            if ok:
+                funcs.add(node.func.id)
+        if not ok:
+            raise ValueError(
+                f"constraint {expr!r} uses {type(node).__name__}; allowed: axis and parameter names, numbers, "
+                f"True/False, + - * // %, comparisons, and/or/not, and {', '.join(_SHAPE_FUNCS)}(a, b)"
+            )
+    return tree, frozenset({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - funcs)
+
+
+def eval_constraint(expr: str, values: Mapping[str, Any]) -> bool:
+    """Evaluate a domain constraint (see :func:`check_constraint`) for concrete axes and params.
+
+    Args:
+        expr: e.g. ``"E % G == 0 and TG <= G"``.
+        values: name -> value (ints for axes; bool/int/float for params).
+
+    Returns:
+        The truth value (a non-bool result, e.g. ``"E - G"``, is refused).
+
+    Raises:
+        ValueError: the expression is not an allowed constraint, names something missing from
+            ``values``, divides by zero, or does not evaluate to a bool.
+    """
+    tree = _parsed_constraint(expr)[0]
+
+    def ev(node: ast.AST) -> Any:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in values:
+                raise ValueError(f"constraint {expr!r} needs {node.id!r}; given {sorted(values)}")
+            return values[node.id]
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
+                raise ValueError(f"constraint {expr!r} divides by zero for {dict(values)}")
+            return _ARITH_OPS[type(node.op)](a, b)
+        if isinstance(node, ast.UnaryOp):
+            v = ev(node.operand)
+            return (not v) if isinstance(node.op, ast.Not) else -v
+        if isinstance(node, ast.BoolOp):
+            vals = (bool(ev(v)) for v in node.values)
+            return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if isinstance(node, ast.Compare):
+            left = ev(node.left)
+            for op, comp in zip(node.ops, node.comparators):
+                right = ev(comp)
+                if not _CMP_OPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Call):
+            return _SHAPE_FUNCS[node.func.id](*[ev(a) for a in node.args])  # type: ignore[union-attr]
+        raise ValueError(f"constraint {expr!r}: unsupported node {type(node).__name__}")
+
+    out = ev(tree)
+    if type(out) is not bool:
+        raise ValueError(f"constraint {expr!r} evaluates to {out!r}, not True/False; write a comparison")
+    return out
 
 
 class AxisSpec(_Frozen):
@@ -215,6 +314,196 @@ class ScopeSpec(_Frozen):
         if self.batch_max < self.batch_min:
             raise ValueError(f"batch_max ({self.batch_max}) is below batch_min ({self.batch_min})")
         return self
+
+
+Scalar = bool | int | float | str
+
+
+class DomainValueSpec(_Frozen):
+    """The legal values of one axis or op parameter, and the model's realistic ones.
+
+    Exactly one form: ``choices`` (a finite list, simplest first: the shrinker moves toward the
+    first) or ``min``/``max`` (an inclusive range; integers for axes and int params). A range is
+    drawn at its edges, at its ``realistic`` values and inside it (log-uniformly when ``log``).
+
+    Attributes:
+        choices: the legal values (bools, ints, floats or strings), listed simplest first.
+        min, max: inclusive legal range.
+        log: draw the inside of a range log-uniformly (needs ``min > 0``).
+        realistic: the values the model uses (each must be legal); drawn as cells of their own.
+        source: where the legal range and the realistic values come from (required).
+        note: anything a reader needs (what lies outside and why).
+    """
+
+    choices: tuple[Scalar, ...] | None = None
+    min: int | float | None = None
+    max: int | float | None = None
+    log: bool = False
+    realistic: tuple[Scalar, ...] = ()
+    source: str = Field(min_length=3)
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _form(self) -> "DomainValueSpec":
+        has_range = self.min is not None or self.max is not None
+        if (self.choices is None) == (not has_range):
+            raise ValueError("give either 'choices' or both 'min' and 'max' (exactly one form)")
+        if self.choices is not None:
+            if not self.choices:
+                raise ValueError("'choices' is empty; list at least one legal value")
+            if len(set(map(repr, self.choices))) != len(self.choices):
+                raise ValueError(f"'choices' {list(self.choices)} lists a value twice")
+            if self.log:
+                raise ValueError("'log' applies to a min/max range, not to choices")
+            for r in self.realistic:
+                if not any(r == c and type(r) is type(c) for c in self.choices):
+                    raise ValueError(f"realistic value {r!r} is not among the choices {list(self.choices)}")
+            return self
+        if self.min is None or self.max is None:
+            raise ValueError("a range needs both 'min' and 'max'")
+        if type(self.min) is bool or type(self.max) is bool:
+            raise ValueError("'min'/'max' must be numbers, not booleans (use choices = [true, false])")
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        if self.log and not self.min > 0:
+            raise ValueError(f"'log' needs min > 0; got min = {self.min}")
+        for r in self.realistic:
+            if type(r) is bool or not isinstance(r, (int, float)) or not self.min <= r <= self.max:
+                raise ValueError(f"realistic value {r!r} lies outside [min, max] = [{self.min}, {self.max}]")
+        return self
+
+    @property
+    def is_int_range(self) -> bool:
+        """A range whose ends are both integers (drawn as integers)."""
+        return self.choices is None and type(self.min) is int and type(self.max) is int
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is legal here (same type as the choices; inside the range)."""
+        if self.choices is not None:
+            return any(value == c and type(value) is type(c) for c in self.choices)
+        if type(value) is bool or not isinstance(value, (int, float)):
+            return False
+        if self.is_int_range and type(value) is not int:
+            return False
+        return self.min <= value <= self.max  # type: ignore[operator]
+
+
+class DomainRegimeSpec(_Frozen):
+    """One input regime random draws may use: a ``case`` that ``inputs.make_inputs`` supports.
+
+    Attributes:
+        source: why this regime is legal and worth drawing (a bug report, the contract, an issue).
+        note: what the regime draws.
+        requires: a constraint (see :func:`check_constraint`) the axes and params of a draw must meet
+            for this regime, e.g. ``"T >= 2"``; empty = any draw.
+        realistic: the regime is the model's realistic range (the shrinker's target), not an edge.
+    """
+
+    source: str = Field(min_length=3)
+    note: str = ""
+    requires: str = ""
+    realistic: bool = False
+
+    @field_validator("requires")
+    @classmethod
+    def _requires_ok(cls, v: str) -> str:
+        if v:
+            check_constraint(v)
+        return v
+
+
+class DomainInputSpec(_Frozen):
+    """The value range of one input tensor.
+
+    Attributes:
+        realistic: the model's realistic range (what K3 feeds the op), in words with numbers.
+        legal: the op's legal range (what the contract accepts), in words with numbers.
+        cases: the regimes (keys of ``[domain.regimes]``) that draw this input from its range.
+        source: where the ranges come from.
+    """
+
+    realistic: str = Field(min_length=3)
+    legal: str = Field(min_length=3)
+    cases: tuple[str, ...] = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+
+class DomainInvarianceSpec(_Frozen):
+    """A transformation of the inputs that leaves (part of) the output unchanged, e.g. a constant
+    bias shift leaving the MoE selection unchanged. ``regime`` names the regime that draws it."""
+
+    description: str = Field(min_length=10)
+    regime: str = ""
+    source: str = Field(min_length=3)
+
+
+class DomainSpec(_Frozen):
+    """The op's declared input domain: what random correctness draws explore (issue 12 item 5,
+    issue 19 item 1).
+
+    Attributes:
+        axes: legal (and realistic) values of every axis of the task.
+        params: legal values of every op parameter the workloads set.
+        constraints: relations the op's contract requires between axes and params (each a boolean
+            expression, :func:`check_constraint`), e.g. ``"E % G == 0"``.
+        cost_constraints: limits on random draws that keep a verdict within its time and memory;
+            they are not the op's legality (fixed workloads may lie outside them).
+        cost_source: why the cost constraints are what they are (required with them).
+        regimes: input regimes (``make_inputs`` cases) random draws use; one must be ``realistic``.
+        inputs: the realistic and legal range of every input tensor and the regimes that draw it.
+        invariances: transformations the output is invariant to (declared; drawn by their regime).
+        note: anything else a reader of the domain needs.
+    """
+
+    axes: dict[str, DomainValueSpec]
+    params: dict[str, DomainValueSpec] = Field(default_factory=dict)
+    constraints: tuple[str, ...] = ()
+    cost_constraints: tuple[str, ...] = ()
+    cost_source: str = ""
+    regimes: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainRegimeSpec] = Field(min_length=1)
+    inputs: dict[str, DomainInputSpec]
+    invariances: dict[str, DomainInvarianceSpec] = Field(default_factory=dict)
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _self_consistent(self) -> "DomainSpec":
+        for kind in ("constraints", "cost_constraints"):
+            for c in getattr(self, kind):
+                check_constraint(c)
+        if self.cost_constraints and len(self.cost_source) < 10:
+            raise ValueError("cost_constraints are set but cost_source does not say why; give the measured cost")
+        if "realistic" not in self.regimes:
+            raise ValueError(f"regimes {sorted(self.regimes)} lack 'realistic' (the model's own range)")
+        for name, inp in self.inputs.items():
+            for c in inp.cases:
+                if c not in self.regimes:
+                    raise ValueError(f"inputs.{name}.cases names regime {c!r}, which is not in [domain.regimes] "
+                                     f"(known: {', '.join(sorted(self.regimes))})")
+        named = {c for inp in self.inputs.values() for c in inp.cases}
+        orphans = sorted(set(self.regimes) - named)
+        if orphans:
+            raise ValueError(f"regime {orphans[0]!r} is named by no input's 'cases'; say which input it draws")
+        for name, inv in self.invariances.items():
+            if inv.regime and inv.regime not in self.regimes:
+                raise ValueError(f"invariances.{name}.regime {inv.regime!r} is not in [domain.regimes]")
+        for name, spec in self.axes.items():
+            if spec.choices is not None and any(type(c) is not int for c in spec.choices):
+                raise ValueError(f"axes.{name}.choices must be integers; got {list(spec.choices)}")
+            if spec.choices is None and not spec.is_int_range:
+                raise ValueError(f"axes.{name}: min and max must be integers; got [{spec.min}, {spec.max}]")
+            lo = min(spec.choices) if spec.choices is not None else spec.min
+            if lo < 1:  # type: ignore[operator]
+                raise ValueError(f"axes.{name}: axis values must be >= 1; the domain allows {lo}")
+        return self
+
+    def names(self) -> set[str]:
+        """Every axis and parameter name (what constraints may refer to)."""
+        return set(self.axes) | set(self.params)
+
+    def satisfied(self, values: Mapping[str, Any], cost: bool = True) -> bool:
+        """Whether ``values`` (axes and params) meets every constraint (and every cost constraint)."""
+        exprs = self.constraints + (self.cost_constraints if cost else ())
+        return all(eval_constraint(c, values) for c in exprs)
 
 
 class CorrectnessSpec(_Frozen):
@@ -354,6 +643,7 @@ class TaskSpec(_Frozen):
     perf: PerfSpec
     timeouts: TimeoutSpec = TimeoutSpec()
     distributed: DistributedSpec | None = None
+    domain: DomainSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "TaskSpec":
@@ -420,11 +710,14 @@ class TaskSpec(_Frozen):
             for k, v in w.axes.items():
                 if v < 1:
                     raise ValueError(f"correctness workload {w.name!r}: axis {k} = {v}; axes must be >= 1")
-        if not any(w.random_template for w in self.correctness.workloads) and self.correctness.random_draws:
+        if (self.domain is None and not any(w.random_template for w in self.correctness.workloads)
+                and self.correctness.random_draws):
             raise ValueError(
-                "correctness.random_draws > 0 but no workload has random_template = true; mark the "
-                "workloads random draws may start from"
+                "correctness.random_draws > 0 but the task has no [domain] and no workload has random_template = "
+                "true; declare the domain or mark the workloads random draws may start from"
             )
+        if self.domain is not None:
+            self._check_domain(self.domain)
         missing_tol = sorted(set(self.outputs) - set(self.correctness.tolerance))
         if missing_tol:
             raise ValueError(f"correctness.tolerance has no entry for output {missing_tol[0]!r}")
@@ -435,6 +728,61 @@ class TaskSpec(_Frozen):
                     f"must also be a correctness shape (known: {', '.join(names)})"
                 )
         return self
+
+    def _check_domain(self, dom: DomainSpec) -> None:
+        """The domain covers exactly this task's axes, params and inputs, stays in scope, and holds every
+        fixed workload (legal values, legal constraints; cost constraints need not hold)."""
+        axes = set(self.axes)
+        if set(dom.axes) != axes:
+            extra, missing = sorted(set(dom.axes) - axes), sorted(axes - set(dom.axes))
+            raise ValueError(f"domain.axes must declare exactly the task's axes {sorted(axes)}; "
+                             + (f"missing {missing}" if missing else f"not an axis: {extra}"))
+        used = {k for w in self.correctness.workloads for k in w.params}
+        if set(dom.params) != used:
+            extra, missing = sorted(set(dom.params) - used), sorted(used - set(dom.params))
+            raise ValueError(f"domain.params must declare exactly the params the workloads set {sorted(used)}; "
+                             + (f"missing {missing}" if missing else f"set by no workload: {extra}"))
+        clash = sorted(set(dom.params) & axes)
+        if clash:
+            raise ValueError(f"domain.params {clash[0]!r} is also an axis name; names must be distinct")
+        if set(dom.inputs) != set(self.inputs):
+            missing, extra = sorted(set(self.inputs) - set(dom.inputs)), sorted(set(dom.inputs) - set(self.inputs))
+            raise ValueError(f"domain.inputs must describe exactly the task's inputs {sorted(self.inputs)}; "
+                             + (f"missing {missing}" if missing else f"not an input: {extra}"))
+        known = dom.names()
+        for kind, exprs in (("constraints", dom.constraints), ("cost_constraints", dom.cost_constraints),
+                            *((f"regimes.{n}.requires", (r.requires,)) for n, r in dom.regimes.items() if r.requires)):
+            for c in exprs:
+                unknown = sorted(check_constraint(c) - known)
+                if unknown:
+                    raise ValueError(f"domain.{kind}: {c!r} names {unknown[0]!r}, which is neither an axis nor a "
+                                     f"declared param (known: {', '.join(sorted(known))})")
+        b = dom.axes[self.scope.batch_axis]
+        lo, hi = (min(b.choices), max(b.choices)) if b.choices is not None else (b.min, b.max)
+        if lo < self.scope.batch_min or hi > self.scope.batch_max:  # type: ignore[operator]
+            raise ValueError(f"domain.axes.{self.scope.batch_axis} allows [{lo}, {hi}], outside the scope's batch range "
+                             f"[{self.scope.batch_min}, {self.scope.batch_max}]")
+        if self.distributed is not None:
+            wax = dom.axes[self.distributed.world_size_axis]
+            sizes = wax.choices if wax.choices is not None else range(int(wax.min), int(wax.max) + 1)  # type: ignore[arg-type]
+            outside = sorted(set(sizes) - set(self.scope.tp_sizes))
+            if outside:
+                raise ValueError(f"domain.axes.{self.distributed.world_size_axis} allows world sizes {outside}, "
+                                 f"outside scope.tp_sizes {list(self.scope.tp_sizes)}")
+        for w in self.correctness.workloads:
+            for k, v in w.axes.items():
+                if not dom.axes[k].contains(v):
+                    raise ValueError(f"correctness workload {w.name!r}: axis {k} = {v} is outside domain.axes.{k}; "
+                                     "the domain must hold every fixed workload")
+            for k, v in w.params.items():
+                if not dom.params[k].contains(v):
+                    raise ValueError(f"correctness workload {w.name!r}: param {k} = {v!r} is outside "
+                                     f"domain.params.{k}; the domain must hold every fixed workload")
+            values = {**w.axes, **w.params}
+            for c in dom.constraints:
+                if not eval_constraint(c, values):
+                    raise ValueError(f"correctness workload {w.name!r} violates domain constraint {c!r}; the "
+                                     "contract's constraints must hold for every fixed workload")
 
     def world_size(self, w: WorkloadSpec) -> int:
         """The TP world size of workload ``w`` (1 for tasks without a [distributed] table)."""

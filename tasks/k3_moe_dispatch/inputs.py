@@ -70,15 +70,60 @@ def _saturated(T: int, E: int, gen: torch.Generator) -> _Draw:
     return sign * magnitude, _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
 
 
-CASES: dict[str, Callable[[int, int, torch.Generator], _Draw]] = {
+BIAS_SHIFT_LOG2 = (7.0, 14.0)
+"""Range of log2 |shift| of the ``bias_shift`` regime: shifts of 128 to 16384 (either sign)."""
+
+
+def _bias_shift(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Realistic draws with one large constant ``C`` added to every bias entry, ``|C|`` log-uniform in
+    ``[2^7, 2^14]``, either sign. Selection is invariant to the shift (up to fp32 rounding of ``s + b``
+    at that magnitude: near-ties); weights use the unbiased scores, so a formula that recovers the
+    scores as ``(s + b) - b`` loses up to ``ulp(C) / 2`` and a negative shift puts every choice score far
+    below any "invalid lane" floor of a few hundred."""
+    logits, bias, valid = _realistic(T, E, gen)
+    log2 = BIAS_SHIFT_LOG2[0] + (BIAS_SHIFT_LOG2[1] - BIAS_SHIFT_LOG2[0]) * float(torch.rand(1, generator=gen))
+    sign = -1.0 if float(torch.rand(1, generator=gen)) < 0.5 else 1.0
+    return logits, bias + sign * 2.0 ** log2, valid
+
+
+def _tiny_scale(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Realistic logits times 1e-3 and bias times 1e-4: every score within ~1e-3 of 0.5, distinct in
+    fp32 (ulp 6e-8 there) but not in bf16/fp16 (ulp 2e-3 / 5e-4)."""
+    logits, bias, valid = _realistic(T, E, gen)
+    return logits * 1e-3, bias * 1e-4, valid
+
+
+def _signed_zeros(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Logits exactly +0.0 or -0.0 (every score 0.5): the bias alone decides, weights are all equal."""
+    sign = torch.where(torch.rand(T, E, generator=gen) < 0.5, -1.0, 1.0)
+    return sign * 0.0, _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
+
+
+def _denormal_scores(T: int, E: int, K: int, gen: torch.Generator) -> _Draw:
+    """Realistic draws in which up to ``E - K`` experts per row get logits in [-103, -88], so their
+    sigmoid score is tiny or denormal (1e-45 to 6e-39); at least K experts stay normal, so the
+    renormalising sum is never 0. A flush-to-zero kernel differs by far less than the tolerances."""
+    logits, bias, valid = _realistic(T, E, gen)
+    n = max(0, min(E - K, E // 2))
+    if n:
+        cols = torch.rand(T, E, generator=gen).argsort(-1)[:, :n]
+        logits.scatter_(1, cols, -88.0 - 15.0 * torch.rand(T, n, generator=gen))
+    return logits, bias, valid
+
+
+CASES: dict[str, Callable[..., _Draw]] = {
     "realistic": _realistic,
     "group_negative_bias": _group_negative_bias,
     "one_expert": _one_expert,
     "padding_rows": _padding_rows,
     "ties": _ties,
     "saturated": _saturated,
+    "bias_shift": _bias_shift,
+    "tiny_scale": _tiny_scale,
+    "signed_zeros": _signed_zeros,
+    "denormal_scores": _denormal_scores,
 }
-"""Case name -> generator ``(T, E, gen) -> (logits, bias, token_valid)``."""
+"""Case name -> generator ``(T, E, gen) -> (logits, bias, token_valid)`` (``denormal_scores``: ``(T, E, K, gen)``)."""
 
 
 def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> dict[str, torch.Tensor]:
@@ -88,10 +133,12 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     ``group_negative_bias`` (logits [2,1,0,0,-1,-1,-2,-2], bias -1); ``one_expert`` (E=1);
     ``padding_rows`` (about a quarter of the rows, at least one and never all, invalid with logits
     of +-1e30); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
-    nonzero bias decides).
+    nonzero bias decides); ``bias_shift`` (realistic plus one constant of +-2^7..2^14 on the bias);
+    ``tiny_scale`` (scores within 1e-3 of 0.5); ``signed_zeros`` (logits +-0.0, the bias decides);
+    ``denormal_scores`` (up to E - K experts per row with denormal scores; uses axis K).
 
     Args:
-        axes: the workload's axes; T (tokens) and E (experts) are used.
+        axes: the workload's axes; T (tokens) and E (experts) are used, K by ``denormal_scores``.
         seed: RNG seed; equal seeds give equal tensors.
         case: one of :data:`CASES`.
 
@@ -111,6 +158,9 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     if T < 1 or E < 1:
         raise ValueError(f"k3_moe_dispatch inputs: axes T and E must be >= 1; got T={T}, E={E}.")
     gen = torch.Generator().manual_seed(int(seed))
-    logits, bias, valid = CASES[case](T, E, gen)
+    if CASES[case] is _denormal_scores:
+        logits, bias, valid = _denormal_scores(T, E, int(axes.get("K", 1)), gen)
+    else:
+        logits, bias, valid = CASES[case](T, E, gen)
     return {"router_logits": logits.float().contiguous(), "e_score_correction_bias": bias.float().contiguous(),
             "token_valid": valid.contiguous()}
