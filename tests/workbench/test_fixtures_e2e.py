@@ -26,8 +26,8 @@ def test_fixture_judged_as_named(project_repo, task_id, fx):
         f"{fx.name}: accepted={result.accepted}, first failure={failure and failure.one_line()}")
     # the result file on disk is the same document, with a report beside it
     data = json.loads(path.read_text())
-    assert data["accepted"] == result.accepted and data["schema_version"] == 1
-    assert path.with_suffix(".md").read_text().startswith(f"# {task_id}: {'ACCEPTED' if result.accepted else 'REJECTED'}")
+    assert data["accepted"] == result.accepted and data["schema_version"] == 2
+    assert path.with_suffix(".md").read_text().startswith(f"# {task_id}: {result.acceptance_label}\n")
     if fx.good:
         # every guard passes; model_eval may SKIP, only for a task whose op the model never calls, and perf
         # only for a task that judges performance on other devices (its task.toml says why)
