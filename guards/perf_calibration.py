@@ -14,6 +14,7 @@ of settings; false-alarm rate = A/A trials called a regression, power = planted 
 Usage::
 
     python -m guards.perf_calibration collect TASK OUT.json [--aa 100 --planted 40]
+    python -m guards.perf_calibration collect-judged TASK OUT.json [--device cpu --aa 30 --planted 30]
     python -m guards.perf_calibration evaluate IN.json OUT.json
 
 Source: issue 3 "Perf guard calibration" (power >= 95% at 3% with <= 1% false alarms).
@@ -22,6 +23,7 @@ Source: issue 3 "Perf guard calibration" (power >= 95% at 3% with <= 1% false al
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -125,6 +127,124 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
     return {**head, "configs": configs}
 
 
+_SLOW_KERNEL = '''"""Calibration only: the standard path made slower by a CPU busy-wait of {delay_us} us before each call."""
+import time
+
+from k3_model.dispatch import OpScope
+from {std_module} import {std_fn} as _std
+
+SCOPE = {scope!r}
+
+
+def {entry}(*args, **kwargs):
+    end = time.perf_counter_ns() + {delay_ns}
+    while time.perf_counter_ns() < end:
+        pass
+    _std(*args, **kwargs)
+'''
+
+
+def collect_judged(root: Path, task_id: str, *, device: str = "cpu", workloads: Sequence[str] | None = None,
+                   aa_trials: int = 30, planted_trials: int = 30, slowdowns_pct: Sequence[float] = SLOWDOWNS_PCT,
+                   seed: int = 99) -> dict[str, Any]:
+    """Calibrate the judge's timing (``guards/judge.py``): A/A and planted slowdowns through real children.
+
+    Four serve-mode children run at once from exports of ``root``'s HEAD: the baseline, an A/A twin,
+    and one per planted slowdown, whose kernel busy-waits ``p`` percent of the pilot median (CPU time,
+    so the judge's CPU clock sees it) before calling the standard path. Each trial interleaves the
+    baseline with one condition through :func:`guards.judge.time_workload` on fresh inputs, exactly as
+    the perf guard does. Output has :func:`collect`'s format, so :func:`evaluate` applies.
+
+    Args:
+        root: the workbench checkout.
+        task_id: the task; its warm-up and repetitions are used.
+        device: ``cpu`` or ``cuda``.
+        workloads: perf workloads to calibrate (default: the task's first).
+        aa_trials, planted_trials: trials per condition (count).
+        slowdowns_pct: planted slowdowns (percent of the pilot median).
+        seed: input seed.
+    """
+    import contextlib
+    import subprocess
+    import tempfile
+
+    from guards.cases import build_case
+    from guards.judge import call_server, export_tree, time_workload
+    from guards.perf import _input_maker, _served_spec
+    from kernels.stats import median
+    from workbench import env as envmod
+    from workbench.taskspec import load_task
+
+    task = load_task(root, task_id)
+    names = list(workloads or task.perf.workloads[:1])
+    head_commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+    out_cfgs = []
+    for name in names:
+        w = task.workload(name)
+        case = build_case(task, w, seed)
+        spec = _served_spec(case)
+        req = {"target": task.target, "op": task.op, "device": device, "decode_backend": "latency_specialized"}
+        with tempfile.TemporaryDirectory(prefix="wb-calibration-") as tmp:
+            trees = {k: export_tree(root, head_commit, Path(tmp) / k) for k in ("base", "aa")}
+            for k in ("base", "aa"):  # no kernel merged in either: both run the standard path
+                kdir = trees[k] / "k3_model" / "kernels" / task.op
+                if kdir.exists():
+                    import shutil
+
+                    shutil.rmtree(kdir)
+            sessions: list = []
+            with contextlib.ExitStack() as stack:
+                srv = {k: stack.enter_context(call_server(trees[k], req, [spec], device=device, timeout_s=7200,
+                                                          memory_bytes=task.timeouts.memory_bytes,
+                                                          sessions=sessions)) for k in ("base", "aa")}
+                pilot_rec = time_workload({"baseline": srv["base"], "candidate": srv["aa"]}, 0, spec,
+                                          _input_maker(task, case, seed), device=device, warmup=task.perf.warmup,
+                                          repetitions=task.perf.repetitions)
+                series = "cpu_us" if device == "cpu" else "wall_us"
+                pilot = median(getattr(pilot_rec["baseline"], series))
+                std_module, std_fn = task.target.split(":")
+                scope = {"devices": (device,), "phases": ("decode",), "tp_sizes": (1,),
+                         "dtypes": tuple(task.scope.dtypes), "batch_min": task.scope.batch_min,
+                         "batch_max": task.scope.batch_max}
+                for p in slowdowns_pct:
+                    key = f"slow{p:g}"
+                    t = export_tree(root, head_commit, Path(tmp) / key)
+                    kdir = t / "k3_model" / "kernels" / task.op
+                    kdir.mkdir(parents=True, exist_ok=True)
+                    delay = pilot * p / 100.0
+                    (kdir / "__init__.py").write_text(_SLOW_KERNEL.format(
+                        delay_us=round(delay, 3), delay_ns=int(delay * 1e3), std_module=std_module, std_fn=std_fn,
+                        scope=scope, entry=std_fn))
+                    os.chmod(kdir, 0o755)
+                    os.chmod(kdir / "__init__.py", 0o644)
+                    srv[key] = stack.enter_context(call_server(t, req, [spec], device=device, timeout_s=7200,
+                                                               memory_bytes=task.timeouts.memory_bytes,
+                                                               sessions=sessions))
+                counts = {"aa": aa_trials, **{f"slow{p:g}": planted_trials for p in slowdowns_pct}}
+                trials: dict[str, list] = {k: [] for k in counts}
+                t0 = time.monotonic()
+                for i in range(max(counts.values())):
+                    for cond, n in counts.items():
+                        if i >= n:
+                            continue
+                        rec = time_workload({"baseline": srv["base"], "candidate": srv[cond]}, 0, spec,
+                                            _input_maker(task, case, seed + 1 + i), device=device,
+                                            warmup=task.perf.warmup, repetitions=task.perf.repetitions)
+                        trials[cond].append({"baseline_us": [round(x, 3) for x in getattr(rec["baseline"], series)],
+                                             "candidate_us": [round(x, 3) for x in getattr(rec["candidate"], series)]})
+                    print(f"calibration {name}: round {i + 1} done, {time.monotonic() - t0:.0f} s", flush=True)
+        out_cfgs.append({"name": name, "axes": dict(w.axes), "pilot_median_us": pilot,
+                         "planted_delay_us": {f"slow{p:g}": pilot * p / 100.0 for p in slowdowns_pct},
+                         "seconds": time.monotonic() - t0, "trials": trials})
+    return {"schema": "workbench-perf-calibration/1", "task_id": task_id, "device": device,
+            "warmup": task.perf.warmup, "repetitions": task.perf.repetitions,
+            "timer": "guards.judge (child process CPU clock read by the judge)" if device == "cpu"
+                     else "guards.judge (the judge's wall clock per call)",
+            "planted_by": "busy-wait of p% of the pilot median inside the candidate child's call",
+            "environment": envmod.collect(device), "configs": out_cfgs}
+
+
 def _trial_stats(trial: dict) -> tuple[float, float]:
     """The guard's statistics for one trial (:func:`guards.perf.classify`: median of the per-pair
     ratios baseline / candidate, one-sided Wilcoxon signed-rank p that the candidate is slower)."""
@@ -193,6 +313,18 @@ def main(argv: list[str]) -> int:
             kw["planted_trials"] = int(argv[argv.index("--planted") + 1])
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
         data = collect(Path.cwd(), argv[1], device=dev, checkpoint=Path(argv[2]), **kw)
+        Path(argv[2]).write_text(json.dumps(data))
+        return 0
+    if len(argv) >= 3 and argv[0] == "collect-judged":
+        kw = {}
+        if "--aa" in argv:
+            kw["aa_trials"] = int(argv[argv.index("--aa") + 1])
+        if "--planted" in argv:
+            kw["planted_trials"] = int(argv[argv.index("--planted") + 1])
+        if "--workload" in argv:
+            kw["workloads"] = [argv[argv.index("--workload") + 1]]
+        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        data = collect_judged(Path.cwd(), argv[1], device=dev, **kw)
         Path(argv[2]).write_text(json.dumps(data))
         return 0
     if len(argv) == 3 and argv[0] == "evaluate":
