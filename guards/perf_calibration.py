@@ -131,7 +131,7 @@ _SLOW_KERNEL = '''"""Calibration only: the standard path made slower by a CPU bu
 import time
 
 from k3_model.dispatch import OpScope
-from {std_module} import {std_fn} as _std
+from {std_module} import {std_fn}_standard as _std
 
 SCOPE = {scope!r}
 
