@@ -29,7 +29,7 @@ def test_brief_contents(repo, task):
     assert f"workbench check k3_moe_dispatch --base {'a' * 40}" in text
     assert "Never weaken a check" in text  # AGENTS.md
     assert "public seeds [0, 1, 2]" in text
-    assert "10 configurations drawn at judging time" in text
+    assert f"{task.correctness.random_draws} configurations drawn at judging time" in text
     tools = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                          mode="tools")
     assert "`run_check` tool" in tools and "workbench check k3_moe_dispatch --base" not in tools
