@@ -14,6 +14,7 @@ fi
 rm -rf .git .workbench && git init -q && git add -A && git -c user.name=wb -c user.email=wb@local commit -qm base
 stage overhead
 timeout 120 $PY bench/judge_overhead.py "$OUT/judge_overhead_cuda.json" cuda
+[ -n "${ONLY_OVERHEAD:-}" ] && exit 0
 stage calibration
 timeout ${CAL_TIMEOUT:-400} $PY -m guards.perf_calibration collect-judged k3_moe_dispatch "$OUT/perf_calibration_judged_raw.json" --device cuda --aa ${AA:-20} --planted ${PL:-10} --workload k3_t8
 $PY -m guards.perf_calibration evaluate "$OUT/perf_calibration_judged_raw.json" "$OUT/perf_calibration_judged.json"
