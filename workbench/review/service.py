@@ -64,7 +64,8 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
         ``(item, created)``.
 
     Raises:
-        ReviewError: the result was rejected by the guards, or was queued before with other bytes.
+        ReviewError: the result was rejected by the guards, its perf was not judged on its device, or it
+            was queued before with other bytes.
         workbench.errors.WorkbenchError: the file is missing or not a result file.
     """
     path = Path(result_path).resolve()
@@ -74,6 +75,10 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
         why = f"{failure.guard} {failure.status.value}: {failure.summary}" if failure else "not accepted"
         raise ReviewError(f"Result {path.name} was rejected by the guards ({why}); only accepted candidates "
                           "enter the review queue. Fix the candidate and run it again.")
+    if not result.perf_judged:
+        raise ReviewError(f"Result {path.name} is correct but its performance was not judged on {result.device} "
+                          "(a claimed speedup is judged or not claimed); run `workbench verify` on a device where "
+                          "the task's perf is judged and queue that result.")
     c = result.candidate
     return store.add(result_id=result.result_id, result_path=str(path), result_sha256=file_sha256(path),
                      task_id=result.task_id, branch=c.branch, base_commit=c.base_commit,
