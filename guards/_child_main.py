@@ -144,14 +144,15 @@ def _correctness_case(fn, fc, rt, req, case):
             rec["trace"] = _decisions(trace)
         except Exception as exc:  # the candidate failed on this case: report it as data
             rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
-        else:
-            problem = _after_call_problem()  # threads, torch state, hooks, patches: before reading outputs
-            if problem:
-                rec["error"] = problem
         if device == "cuda":
             _SYNC()
+        # the outputs as they are the moment the call returned: work a thread finishes later is missing
         rec["outputs"] = _read_outputs(case["outputs"], outs, inputs)
         rec["inputs_after"] = {k: _copy_out(v) for k, v in inputs.items()}
+        if rec["error"] is None:
+            problem = _after_call_problem()  # threads, torch state, hooks, patches
+            if problem:
+                rec["error"] = problem
         return rec
 
     buf = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}

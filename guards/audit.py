@@ -54,7 +54,10 @@ PY_SUFFIXES = (".py", ".pyi")
 NATIVE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh")
 
 FORBIDDEN_MODULES = {
-    "threading": "threads", "_thread": "threads", "multiprocessing": "processes", "concurrent": "threads/processes",
+    # threading and concurrent.futures are allowed: a pool started and joined inside the call is honest, and
+    # the runtime layer (kernel thread census after every call, the judge's CPU clock of every thread)
+    # fails threads left running; _thread stays refused (threads no Python-level join can track)
+    "_thread": "threads", "multiprocessing": "processes",
     "subprocess": "processes", "pty": "processes", "ctypes": "FFI", "cffi": "FFI", "_ctypes": "FFI",
     "socket": "network", "ssl": "network", "http": "network", "urllib": "network", "requests": "network",
     "asyncio": "event loop", "signal": "signals", "faulthandler": "signals", "resource": "process limits",

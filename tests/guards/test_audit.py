@@ -26,7 +26,7 @@ def _findings(src: str, path: str = KPATH):
 
 # (rule, source, line the finding must name)
 BAD = [
-    ("forbidden-import", "import threading\n", 1),
+    ("forbidden-import", "import _thread\n", 1),
     ("forbidden-import", "from multiprocessing import Pool\n", 1),
     ("forbidden-import", "import subprocess as sp\n", 1),
     ("forbidden-import", "import ctypes\n", 1),
@@ -168,7 +168,7 @@ def test_good_fixtures_pass_the_guard(fresh_repo):
 def test_bad_diff_fails_the_guard_with_file_and_line(fresh_repo):
     d = fresh_repo.parent / "bad"
     (d / "k3_model/kernels/moe_dispatch").mkdir(parents=True)
-    (d / KPATH).write_text(HEAD + "import threading\n" + SIG + "    pass\n")
+    (d / KPATH).write_text(HEAD + "import _thread\n" + SIG + "    pass\n")
     base, cand = _commit_overlay(fresh_repo, d)
     v = AuditGuard().check(_ctx(fresh_repo, base, cand))
     assert v.status is Status.FAIL
