@@ -114,7 +114,7 @@ def output_specs(task: TaskSpec, axes: dict[str, int]) -> dict[str, dict[str, An
     return specs
 
 
-CANDIDATES_PER_DRAW = 24
+CANDIDATES_PER_DRAW = 48
 """Random configurations generated per draw; the one covering the most new values and pairs is kept."""
 MAX_TRIES = 5000
 """Rejection-sampling attempts for one configuration that meets the domain's constraints."""

@@ -105,6 +105,17 @@ def _zero_rows(W: int, T: int, D: int, gen: torch.Generator) -> dict[str, torch.
     return d
 
 
+def _small_rms(W: int, T: int, D: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Rows whose RMS is far below sqrt(eps): partials and residual on the exact grid at 2^-24..2^-12
+    (RMS about 1e-5, mean square about 1e-10 against eps = 1e-5), so where eps is added (inside the
+    rsqrt, as the contract says, or to the RMS after the root) changes the output by orders of
+    magnitude; every odd token keeps realistic magnitudes."""
+    d = _realistic(W, T, D, gen)
+    d["x"][:, ::2] = on_grid(2.0 ** -18 * torch.randn(W, (T + 1) // 2, D, generator=gen), -24)
+    d["residual"][::2] = on_grid(2.0 ** -16 * torch.randn((T + 1) // 2, D, generator=gen), -24)
+    return d
+
+
 CASES: Mapping[str, Callable[[int, int, int, torch.Generator], dict[str, torch.Tensor]]] = {
     "realistic": _realistic,
     "accumulation_trap": _accumulation_trap,
@@ -112,6 +123,7 @@ CASES: Mapping[str, Callable[[int, int, int, torch.Generator], dict[str, torch.T
     "nan_inf": _nan_inf,
     "large_magnitude": _large_magnitude,
     "zero_rows": _zero_rows,
+    "small_rms": _small_rms,
 }
 
 

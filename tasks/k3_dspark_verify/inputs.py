@@ -250,6 +250,32 @@ def _greedy_ties(d: _Draw, with_probs: bool) -> None:
     _ragged(d)
 
 
+def _top_p_tiny(d: _Draw, with_probs: bool) -> None:
+    """Sampled requests with top-p at its lower edge (1e-7, 1e-4, 0.01: only the most probable
+    token, ties kept) or just below 1 (0.9999), some with top-k 1 or 2 as well; drafts as realistic."""
+    _base(d, with_probs, 0.0)
+    _ragged(d)
+    ps = torch.tensor([1e-7, 1e-4, 0.01, 0.9999])
+    d.top_p = ps[d.randint(0, len(ps), d.B)]
+    d.top_k = torch.where(d.rand(d.B) < 0.3, d.randint(1, 3, d.B), torch.zeros(d.B, dtype=torch.int64)).int()
+
+
+def _u_zero(d: _Draw, with_probs: bool) -> None:
+    """Uniform draws of exactly 0 at half the positions, against drafts the target gives probability 0
+    (top-k 1 and a draft that is not the favourite) as well as positive: accept iff 0 < p/q, so a draft
+    of target probability 0 must be rejected even at u = 0 (a ``u <= p/q`` test accepts it)."""
+    _base(d, with_probs, 0.0)
+    _ragged(d)
+    d.u = torch.where(d.rand(d.B, d.D) < 0.5, torch.zeros(d.B, d.D), d.u)
+    d.top_k = torch.where(d.rand(d.B) < 0.5, torch.ones(d.B, dtype=torch.int32), d.top_k)
+    if d.V >= 2:
+        second = d.logits[:, : d.D].topk(2, dim=-1).indices[..., 1]
+        d.drafts = torch.where(d.rand(d.B, d.D) < 0.5, second, d.drafts.long()).int()
+        if d.q is not None:  # keep q(d) > 0 for the replaced drafts
+            d.q.scatter_(-1, d.drafts.long().unsqueeze(-1), 0.25)
+            d.q /= d.q.sum(-1, keepdim=True)
+
+
 CASES: dict[str, Callable[[_Draw, bool], None]] = {
     "realistic": _realistic,
     "greedy": _greedy,
@@ -262,6 +288,8 @@ CASES: dict[str, Callable[[_Draw, bool], None]] = {
     "q_zero": _q_zero,
     "params_sweep": _params_sweep,
     "greedy_ties": _greedy_ties,
+    "top_p_tiny": _top_p_tiny,
+    "u_zero": _u_zero,
 }
 """Case name -> filler ``(draw, with_draft_probs) -> None``."""
 

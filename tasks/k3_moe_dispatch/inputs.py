@@ -70,13 +70,13 @@ def _saturated(T: int, E: int, gen: torch.Generator) -> _Draw:
     return sign * magnitude, _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
 
 
-BIAS_SHIFT_LOG2 = (7.0, 14.0)
-"""Range of log2 |shift| of the ``bias_shift`` regime: shifts of 128 to 16384 (either sign)."""
+BIAS_SHIFT_LOG2 = (9.0, 14.0)
+"""Range of log2 |shift| of the ``bias_shift`` regime: shifts of 512 to 16384 (either sign)."""
 
 
 def _bias_shift(T: int, E: int, gen: torch.Generator) -> _Draw:
     """Realistic draws with one large constant ``C`` added to every bias entry, ``|C|`` log-uniform in
-    ``[2^7, 2^14]``, either sign. Selection is invariant to the shift (up to fp32 rounding of ``s + b``
+    ``[2^9, 2^14]``, either sign. Selection is invariant to the shift (up to fp32 rounding of ``s + b``
     at that magnitude: near-ties); weights use the unbiased scores, so a formula that recovers the
     scores as ``(s + b) - b`` loses up to ``ulp(C) / 2`` and a negative shift puts every choice score far
     below any "invalid lane" floor of a few hundred."""
@@ -133,7 +133,7 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     ``group_negative_bias`` (logits [2,1,0,0,-1,-1,-2,-2], bias -1); ``one_expert`` (E=1);
     ``padding_rows`` (about a quarter of the rows, at least one and never all, invalid with logits
     of +-1e30); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
-    nonzero bias decides); ``bias_shift`` (realistic plus one constant of +-2^7..2^14 on the bias);
+    nonzero bias decides); ``bias_shift`` (realistic plus one constant of +-2^9..2^14 on the bias);
     ``tiny_scale`` (scores within 1e-3 of 0.5); ``signed_zeros`` (logits +-0.0, the bias decides);
     ``denormal_scores`` (up to E - K experts per row with denormal scores; uses axis K).
 

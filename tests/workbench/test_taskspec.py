@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from workbench.errors import TaskSpecError
-from workbench.taskspec import eval_dim, list_task_ids, load_task, load_task_file, shape_names
+from workbench.taskspec import (check_constraint, eval_constraint, eval_dim, list_task_ids, load_task, load_task_file,
+                                shape_names)
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "tasks" / "k3_moe_dispatch"
@@ -103,3 +105,81 @@ def test_eval_dim_rejects_unknown_axis_and_code():
     with pytest.raises(ValueError, match="allowed"):
         eval_dim("T.bit_length()", {"T": 1})
     assert shape_names("cdiv(T*K, B)") == {"T", "K", "B"}
+
+
+# --- declared input domain ([domain], issue 12 item 5 / issue 19) ---
+
+@pytest.mark.parametrize(
+    "edit, must_contain",
+    [
+        (lambda s: s.replace("[domain.axes.T]\nmin = 1\n", "[domain.axes.T]\nmin = 1\nstep = 2\n"),
+         ["field 'domain.axes.T.step'", "unknown field"]),
+        (lambda s: s.replace("[domain.axes.T]\nmin = 1\n", "[domain.axes.T]\nchoices = [1, 2]\nmin = 1\n"),
+         ["domain.axes.T", "exactly one form"]),
+        (lambda s: s.replace("[domain.axes.B]\nchoices = [16, 32, 64, 128]\nrealistic = [16]",
+                             "[domain.axes.B]\nchoices = [16, 32, 64, 128]\nrealistic = [256]"),
+         ["domain.axes.B", "realistic value 256 is not among the choices"]),
+        (lambda s: s.replace('constraints = ["E % G == 0",', 'constraints = ["__import__(\'os\')", "E % G == 0",'),
+         ["domain", "uses Call", "allowed: axis and parameter names"]),
+        (lambda s: s.replace('constraints = ["E % G == 0",', 'constraints = ["E % Z == 0", "E % G == 0",'),
+         ["domain.constraints: 'E % Z == 0' names 'Z'", "neither an axis nor a declared param"]),
+        (lambda s: s.replace('constraints = ["E % G == 0",', 'constraints = ["K <= 8", "E % G == 0",'),
+         ["correctness workload 'k3_t1' violates domain constraint 'K <= 8'"]),
+        (lambda s: s.replace("[domain.axes.B]\nchoices = [16, 32, 64, 128]", "[domain.axes.B]\nchoices = [16, 32, 128]"),
+         ["workload 'k3_t64_b64': axis B = 64 is outside domain.axes.B"]),
+        (lambda s: s.replace("[domain.axes.T]\nmin = 1\nmax = 64", "[domain.axes.T]\nmin = 1\nmax = 128"),
+         ["domain.axes.T allows [1, 128], outside the scope's batch range [1, 64]"]),
+        (lambda s: re.sub(r"\[domain\.params\.renormalize\]\n.*?\n\n", "", s, flags=re.S),
+         ["domain.params must declare exactly the params the workloads set", "missing ['renormalize']"]),
+        (lambda s: s.replace('cases = ["realistic", "bias_shift", "tiny_scale"]', 'cases = ["realistic", "tiny_scale"]'),
+         ["regime 'bias_shift' is named by no input's 'cases'"]),
+        (lambda s: s.replace('cases = ["realistic", "padding_rows"]', 'cases = ["realistic", "padding_rowz"]'),
+         ["inputs.token_valid.cases names regime 'padding_rowz'", "known:"]),
+        (lambda s: s.replace('requires = "T >= 2"', 'requires = "T >= "'), ["not a valid expression"]),
+        (lambda s: s.replace('cost_source = "the reference', 'cost_sourc = "the reference'),
+         ["cost_sourc", "unknown field"]),
+        (lambda s: s.replace("[domain.params.routed_scaling_factor]\nmin = 0.25", "[domain.params.routed_scaling_factor]\nmin = 0.0"),
+         ["domain.params.routed_scaling_factor", "'log' needs min > 0"]),
+    ],
+)
+def test_bad_domain_names_file_field_expected_got(tmp_path, edit, must_contain):
+    p = _task_with(tmp_path, edit)
+    with pytest.raises(TaskSpecError) as e:
+        load_task_file(p)
+    msg = str(e.value)
+    assert str(p) in msg
+    for m in must_contain:
+        assert m in msg, (m, msg)
+
+
+def test_every_task_declares_its_domain():
+    for tid in list_task_ids(REPO):
+        t = load_task(REPO, tid)
+        assert t.domain is not None, tid
+        assert set(t.domain.axes) == set(t.axes) and set(t.domain.inputs) == set(t.inputs)
+        assert "realistic" in t.domain.regimes and t.domain.regimes["realistic"].realistic
+
+
+@pytest.mark.parametrize("expr, values, expected", [
+    ("E % G == 0", {"E": 896, "G": 8}, True),
+    ("E % G == 0", {"E": 60, "G": 8}, False),
+    ("K <= E // G * TG", {"K": 8, "E": 256, "G": 8, "TG": 4}, True),
+    ("1 <= TG <= G", {"TG": 5, "G": 4}, False),
+    ("renormalize or G == 1", {"renormalize": False, "G": 2}, False),
+    ("not renormalize and cdiv(T, 2) >= 3", {"renormalize": False, "T": 5}, True),
+    ("B * (D + 1) * V * Q <= 4194304", {"B": 64, "D": 7, "V": 4096, "Q": 2}, True),
+])
+def test_eval_constraint(expr, values, expected):
+    assert eval_constraint(expr, values) is expected
+
+
+def test_eval_constraint_refuses_non_bool_missing_names_and_code():
+    with pytest.raises(ValueError, match="not True/False"):
+        eval_constraint("E - G", {"E": 2, "G": 1})
+    with pytest.raises(ValueError, match="needs 'G'"):
+        eval_constraint("E % G == 0", {"E": 2})
+    with pytest.raises(ValueError, match="divides by zero"):
+        eval_constraint("E % G == 0", {"E": 2, "G": 0})
+    for bad in ("E.real > 0", "E[0] > 0", "'a' == 'a'", "open('x') == 1", "lambda: 1"):
+        with pytest.raises(ValueError, match="uses"):
+            check_constraint(bad)

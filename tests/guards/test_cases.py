@@ -1,0 +1,171 @@
+"""Random draws over a task's declared [domain]: every axis, param and regime is drawn, constraints hold,
+draws are deterministic per seed and favour what the fixed workloads leave out; the shrinker finds a
+minimal failing configuration."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from guards.cases import (_cell_index, _dims, build_case, domain_draws, load_task_module, random_workloads, shrink,
+                          value_cells)
+from workbench.errors import TaskSpecError
+from workbench.taskspec import DomainValueSpec, eval_constraint, load_task
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = ("k3_moe_dispatch", "k3_dspark_verify", "k3_allreduce_rmsnorm")
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return load_task(REPO, "k3_moe_dispatch")
+
+
+def _legal(task, axes, params, regime) -> bool:
+    dom = task.domain
+    values = {**axes, **params}
+    req = dom.regimes[regime].requires
+    return (all(dom.axes[k].contains(v) for k, v in axes.items()) and all(dom.params[k].contains(v) for k, v in params.items())
+            and dom.satisfied(values) and (not req or eval_constraint(req, values)))
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_draws_meet_every_constraint_and_cover_every_cell(task_id):
+    """Over a few seeds the draws reach every cell (edges, realistic values, inside bins, regimes) that
+    the fixed workloads leave out (the coverage weighting favours those, so a cell the fixed workloads
+    use heavily, e.g. D = 7168, may not be redrawn), and every draw is legal."""
+    task = load_task(REPO, task_id)
+    assert task.domain is not None, f"{task_id} declares no [domain]"
+    dims = _dims(task.domain)
+    seen: dict[str, set[int]] = {d.name: set() for d in dims}
+    for seed in range(40 if task_id == "k3_allreduce_rmsnorm" else 12):  # few dims there: cheap draws
+        draws = domain_draws(task, seed)
+        assert len(draws) == task.correctness.random_draws
+        for axes, params, regime in draws:
+            assert set(axes) == set(task.axes) and set(params) == set(task.domain.params)
+            assert _legal(task, axes, params, regime), (axes, params, regime)
+            for d in dims:
+                v = regime if d.kind == "regime" else axes.get(d.name, params.get(d.name))
+                seen[d.name].add(_cell_index(d, v))
+    fixed = {d.name: {_cell_index(d, w.case if d.kind == "regime" else w.axes.get(d.name, w.params.get(d.name)))
+                      for w in task.correctness.workloads} for d in dims}
+    for d in dims:
+        # every cell no fixed workload covers is drawn; together they cover every cell of every dimension
+        missing = set(range(len(d.cells))) - fixed[d.name] - seen[d.name]
+        assert not missing, f"{task_id}: {d.name} cells never drawn: {[d.cells[i] for i in missing]}"
+        assert len(seen[d.name]) >= min(2, len(d.cells)), (task_id, d.name, seen[d.name])
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_every_regime_is_a_case_make_inputs_supports(task_id):
+    task = load_task(REPO, task_id)
+    cases = load_task_module(task, "inputs").CASES
+    assert set(task.domain.regimes) <= set(cases)
+
+
+def test_draws_are_deterministic_per_seed_and_differ_across_seeds(moe):
+    assert domain_draws(moe, 7) == domain_draws(moe, 7)
+    assert domain_draws(moe, 7) != domain_draws(moe, 8)
+
+
+def test_random_workloads_are_named_and_carry_axes_params_regime(moe):
+    ws = random_workloads(moe, 3)
+    assert len(ws) == moe.correctness.random_draws == 32
+    for i, w in enumerate(ws):
+        assert w.name == f"random-{i}-{w.case.replace('_', '-')}"
+        assert w.case in moe.domain.regimes and set(w.axes) == set(moe.axes)
+        assert set(w.params) == {"renormalize", "routed_scaling_factor"}
+    # drawn over every axis, not only the batch: several E, K, G and B values in one run
+    for ax in ("E", "K", "G", "B"):
+        assert len({w.axes[ax] for w in ws}) >= 3, ax
+    assert {w.params["renormalize"] for w in ws} == {True, False}
+
+
+def test_moe_draws_build_valid_cases(moe):
+    for w in random_workloads(moe, 5)[:12]:
+        c = build_case(moe, w, 5)  # make_inputs accepts the regime at these axes; shapes and dtypes match
+        assert c.kwargs["block_size"] == w.axes["B"] and c.kwargs["n_group"] == w.axes["G"]
+
+
+def test_bias_shift_regime_shifts_the_bias_by_a_large_constant(moe):
+    inputs = load_task_module(moe, "inputs")
+    axes = {"T": 3, "E": 32, "K": 4, "G": 1, "TG": 1, "B": 16}
+    base = inputs.make_inputs(axes, 11, "realistic")
+    shifted = inputs.make_inputs(axes, 11, "bias_shift")
+    assert (base["router_logits"] == shifted["router_logits"]).all()
+    delta = shifted["e_score_correction_bias"] - base["e_score_correction_bias"]
+    assert 512 * 0.999 <= float(delta.abs().min()) and float(delta.abs().max()) <= 16384 * 1.001
+    assert float(delta.max() - delta.min()) < 1e-2  # one constant (up to fp32 rounding)
+
+
+def test_pairs_no_fixed_workload_uses_are_drawn_in_almost_every_run(moe):
+    """B = 32 with G = 1 and renormalize = false with G > 1 appear in no fixed workload; the coverage
+    weighting draws them (measured 1000 of 1000 runs at 32 draws; here 25 seeds, all)."""
+    fixed = {(w.axes["B"], w.axes["G"]) for w in moe.correctness.workloads}
+    assert (32, 1) not in fixed
+    assert not any(not w.params["renormalize"] and w.axes["G"] > 1 for w in moe.correctness.workloads)
+    hits = Counter()
+    for seed in range(100, 125):
+        draws = domain_draws(moe, seed)
+        hits["b32g1"] += any(a["B"] == 32 and a["G"] == 1 for a, _, _ in draws)
+        hits["norenorm_grouped"] += any(not p["renormalize"] and a["G"] > 1 for a, p, _ in draws)
+        hits["bias_shift"] += any(r == "bias_shift" for _, _, r in draws)
+    assert hits == {"b32g1": 25, "norenorm_grouped": 25, "bias_shift": 25}
+
+
+def test_value_cells_edges_realistic_and_inside():
+    cells = value_cells(DomainValueSpec(min=1, max=64, source="scope"))
+    assert [(c.lo, c.hi) for c in cells] == [(1, 1), (64, 64), (2, 5), (6, 19), (20, 63)]
+    cells = value_cells(DomainValueSpec(min=0.25, max=8.0, log=True, realistic=(1.0,), source="x y"))
+    assert [(c.lo, c.hi) for c in cells] == [(0.25, 0.25), (8.0, 8.0), (1.0, 1.0), (0.25, 8.0)] and cells[-1].log
+    assert [(c.lo, c.hi) for c in value_cells(DomainValueSpec(choices=(True, False), source="x y"))] == [(True, True), (False, False)]
+
+
+def test_unsatisfiable_domain_is_a_clear_error(moe):
+    dom = moe.domain.model_copy(update={"cost_constraints": ("T > 64",), "cost_source": "an impossible budget"})
+    with pytest.raises(TaskSpecError, match="no configuration meeting the \\[domain\\] constraints"):
+        domain_draws(moe.model_copy(update={"domain": dom}), 0, 1)
+
+
+def _failing(moe, **axes_over):
+    axes = {"T": 37, "E": 256, "G": 1, "TG": 1, "K": 13, "B": 32, **axes_over}
+    return random_workloads(moe, 0)[0].model_copy(update={
+        "name": "random-0-bias-shift", "axes": axes, "case": "bias_shift",
+        "params": {"renormalize": False, "routed_scaling_factor": 3.7}})
+
+
+def test_shrink_finds_the_minimal_failing_configuration(moe):
+    calls = []
+
+    def still_fails(w):  # the bug: block size 32 with ungrouped routing, whatever else
+        calls.append(w)
+        return w.axes["B"] == 32 and w.axes["G"] == 1
+
+    r = shrink(moe, _failing(moe), still_fails)
+    assert r.workload.axes == {"T": 1, "E": 1, "G": 1, "TG": 1, "K": 1, "B": 32}
+    assert r.workload.case == "realistic"
+    assert r.workload.params == {"renormalize": True, "routed_scaling_factor": 1.0}
+    assert r.workload.name == "random-0-bias-shift-shrunk" and "T 37 -> 1" in r.steps
+    assert r.calls == len(calls) and all(still_fails(w) or True for w in calls)
+    assert all(_legal(moe, w.axes, w.params, w.case) for w in calls)  # only legal candidates are tried
+
+
+def test_shrink_binary_searches_a_threshold_and_keeps_the_regime_it_needs(moe):
+    r = shrink(moe, _failing(moe), lambda w: w.axes["T"] >= 5 and w.case == "bias_shift")
+    assert r.workload.axes["T"] == 5 and r.workload.case == "bias_shift"
+    assert r.workload.axes["G"] == 1  # bias_shift requires G == 1: never left
+
+
+def test_shrink_respects_the_budget_and_returns_the_input_when_nothing_smaller_fails(moe):
+    w = _failing(moe)
+    r = shrink(moe, w, lambda _: False)
+    assert r.workload == w and r.steps == () and r.calls > 0
+    r = shrink(moe, w, lambda _: True, max_calls=3)
+    assert r.calls == 3 and len(r.steps) == 3
+
+
+def test_shrink_without_domain_is_refused(moe):
+    with pytest.raises(TaskSpecError, match="no \\[domain\\]"):
+        shrink(moe.model_copy(update={"domain": None}), _failing(moe), lambda _: True)
