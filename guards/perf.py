@@ -267,7 +267,9 @@ class PerfGuard:
         specs = [_served_spec(c) for c in timed]
         sessions: list = []
         records: dict = {}
-        timeout = task.timeouts.perf_s
+        # each workload gets the task's perf budget (the judge draws every call's inputs while the
+        # children wait, which the single-child design did before starting its child)
+        timeout = task.timeouts.perf_s * len(timed)
         with tempfile.TemporaryDirectory(prefix="wb-base-tree-") as tmp:
             base_tree = export_tree(ctx.repo_root, ctx.base_commit, Path(tmp) / "base")
             with contextlib.ExitStack() as stack:
