@@ -28,8 +28,9 @@ ACK = struct.Struct("<cI")
 """Acknowledgement after the nonce: status (b"k" ok, b"e" the call raised, b"x" a check failed), spare."""
 
 OP_SELECT, OP_LOAD, OP_GO, OP_READ, OP_QUIT = b"S", b"L", b"G", b"R", b"Q"
-"""S: build the workload's views; L: stage slot (CUDA: host->device, poison, flush L2); G: one call on a
-slot; R: make the slot's outputs readable (CUDA: device->host) and run the per-call checks; Q: quit."""
+"""S: build the workload's views and the candidate's own (ordinary) tensors; L: copy a slot's inputs into
+them and poison the outputs (CUDA: also flush the L2); G: one call, after which the outputs are in the
+slot on CPU; R: CUDA device->host copy of the outputs, then the per-call checks; Q: quit."""
 
 SLOTS = 2
 """Input/output slots per workload: consecutive calls alternate, so a pointer-keyed cache returns stale data."""
@@ -86,3 +87,29 @@ def views(buf, base: int, layout: dict, inputs: dict, outputs: dict):
     ins = {k: view(f"in:{k}", s) for k, s in inputs.items()}
     outs = {k: (ins[k] if s.get("inplace") else view(f"out:{k}", s)) for k, s in outputs.items()}
     return ins, outs
+
+
+_INT_MIN = {"int64": -2**63, "int32": -2**31, "int16": -2**15, "int8": -2**7, "uint8": 0}
+
+
+def poison_value(spec: dict, rng) -> float | int | bool:
+    """The value written into an output before a call.
+
+    The task's own poison when it names one (``spec["poison_random"]`` false); otherwise a fresh value
+    per call, so candidate code cannot recognise the judge's buffers by a fixed sentinel: for floats one
+    of NaN, +-inf or a large or arbitrary finite number, for signed ints a random negative value (never a
+    valid id, index or count; -1 excluded), for bool ``True``.
+
+    Args:
+        spec: an output spec (``dtype``, ``poison``, ``poison_random``).
+        rng: a ``random.Random`` (or ``secrets.SystemRandom``).
+    """
+    if not spec.get("poison_random"):
+        return spec["poison"]
+    dt = spec["dtype"]
+    if dt.startswith(("float", "bfloat")):
+        return rng.choice([float("nan"), float("inf"), float("-inf"), -3.0e38, 1.7e38, rng.uniform(-1e6, 1e6)])
+    if dt == "bool":
+        return True
+    lo = _INT_MIN.get(dt, -2**31)
+    return rng.randint(lo, -2) if lo < 0 else spec["poison"]

@@ -110,7 +110,7 @@ def output_specs(task: TaskSpec, axes: dict[str, int]) -> dict[str, dict[str, An
         if poison is None:
             poison = float("nan") if t.dtype.startswith(("float", "bfloat")) else (True if t.dtype == "bool" else INT_POISON)
         specs[name] = {"shape": [eval_dim(d, axes) for d in t.shape], "dtype": t.dtype, "poison": poison,
-                       "inplace": t.inplace}
+                       "inplace": t.inplace, "poison_random": t.poison is None}
     return specs
 
 

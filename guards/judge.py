@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import mmap
 import os
+import secrets
 import select
 import subprocess
 import tarfile
@@ -197,10 +198,13 @@ def _write_inputs(views: dict, inputs: dict) -> None:
         views[k].copy_(v)
 
 
+_RNG = secrets.SystemRandom()
+
+
 def _poison(outs: dict, specs: dict) -> None:
     for k, s in specs.items():
         if not s.get("inplace"):
-            outs[k].fill_(s["poison"])
+            outs[k].fill_(P.poison_value(s, _RNG))
 
 
 def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_inputs: Callable[[int], dict], *,
@@ -238,8 +242,7 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
             srv, (ins, outs) = servers[side], views[side][slot]
             _write_inputs(ins, inputs)
             _poison(outs, spec["outputs"])
-            if device == "cuda":
-                srv.command(P.OP_LOAD, index, slot)
+            srv.command(P.OP_LOAD, index, slot)
             go = srv.command(P.OP_GO, index, slot)
             got = None
             if device == "cpu":  # the outputs as they are at "done"
