@@ -376,7 +376,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     (toward the domain minimum: the earlier choices, or the range minimum and then halfway points),
     then every param (toward its first choice or first realistic value). A simpler candidate is kept
     when it meets the domain's constraints, cost constraints and the regime's ``requires`` and
-    ``still_fails`` returns True for it. The result never fails less than the input: it is either
+    ``still_fails`` returns True for it; no candidate is asked twice. The result never fails less than the input: it is either
     the input or a candidate the predicate confirmed.
 
     Args:
@@ -399,10 +399,14 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     steps: list[str] = []
     calls = 0
 
+    asked: set[str] = set()
+
     def attempt(a: dict, p: dict, r: str, what: str) -> bool:
         nonlocal calls, axes, params, regime
-        if calls >= max_calls or r not in dom.regimes or not _legal(dom, a, p, r):
+        key = repr((sorted(a.items()), sorted(p.items()), r))
+        if calls >= max_calls or key in asked or r not in dom.regimes or not _legal(dom, a, p, r):
             return False
+        asked.add(key)
         calls += 1
         cand = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": a, "params": p, "case": r})
         if still_fails(cand):

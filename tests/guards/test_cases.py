@@ -148,7 +148,8 @@ def test_shrink_finds_the_minimal_failing_configuration(moe):
     assert r.workload.case == "realistic"
     assert r.workload.params == {"renormalize": True, "routed_scaling_factor": 1.0}
     assert r.workload.name == "random-0-bias-shift-shrunk" and "T 37 -> 1" in r.steps
-    assert r.calls == len(calls) and all(still_fails(w) or True for w in calls)
+    assert r.calls == len(calls) <= 12  # each candidate asked once
+    assert len({repr((w.axes, w.params, w.case)) for w in calls}) == len(calls)
     assert all(_legal(moe, w.axes, w.params, w.case) for w in calls)  # only legal candidates are tried
 
 
