@@ -479,8 +479,25 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
                 world_size=task.world_size(w), per_rank=per_rank)
 
 
+def perf_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, j: int) -> dict[str, Any]:
+    """Inputs of call ``j`` of perf workload ``w`` (deterministic in ``seed``).
+
+    Raises:
+        TaskSpecError: ``make_inputs`` fails for the workload.
+    """
+    inputs_mod = load_task_module(task, "inputs")
+    try:
+        inp = inputs_mod.make_inputs(dict(w.axes), _derive_seed(seed, w.name, "perf", str(j)), w.case)
+    except Exception as exc:
+        raise TaskSpecError(
+            f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return {k: inp[k].contiguous() for k in task.inputs}
+
+
 def perf_rotation(task: TaskSpec, w: WorkloadSpec, seed: int, n: int) -> list[dict[str, Any]]:
-    """``n`` independent input draws for one perf workload, one per timed or warm-up call.
+    """``n`` independent input draws for one perf workload (:func:`perf_inputs` for ``j < n``).
 
     Different data in different buffers on every call: a cache keyed by pointer, shape or content
     never hits while timed, and the parent can check the outputs of any timed call.
@@ -488,19 +505,7 @@ def perf_rotation(task: TaskSpec, w: WorkloadSpec, seed: int, n: int) -> list[di
     Raises:
         TaskSpecError: ``make_inputs`` fails for the workload.
     """
-    inputs_mod = load_task_module(task, "inputs")
-    out = []
-    for j in range(n):
-        s = _derive_seed(seed, w.name, "perf", str(j))
-        try:
-            inp = inputs_mod.make_inputs(dict(w.axes), s, w.case)
-        except Exception as exc:
-            raise TaskSpecError(
-                f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        out.append({k: inp[k].contiguous() for k in task.inputs})
-    return out
+    return [perf_inputs(task, w, seed, j) for j in range(n)]
 
 
 def correctness_cases(task: TaskSpec, seed: int) -> list[Case]:

@@ -21,7 +21,7 @@ import random
 
 from guards.activation import claims
 from guards.base import GuardContext
-from guards.cases import build_case, load_task_module, perf_rotation
+from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
@@ -459,24 +459,6 @@ def _served_spec(c) -> dict:
             "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                        for k, v in c.inputs_a.items()},
             "outputs": c.output_specs}
-
-
-def perf_inputs(task, w, seed: int, j: int) -> dict:
-    """Inputs of timed call ``j`` of perf workload ``w`` (the same draw as ``perf_rotation``'s ``j``-th).
-
-    Raises:
-        TaskSpecError: ``make_inputs`` fails.
-    """
-    from guards.cases import _derive_seed
-    from workbench.errors import TaskSpecError
-
-    mod = load_task_module(task, "inputs")
-    try:
-        inp = mod.make_inputs(dict(w.axes), _derive_seed(seed, w.name, "perf", str(j)), w.case)
-    except Exception as exc:
-        raise TaskSpecError(f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
-                            f"{type(exc).__name__}: {exc}") from exc
-    return {k: inp[k].contiguous() for k in task.inputs}
 
 
 def _input_maker(task, c, seed: int):
