@@ -8,7 +8,8 @@ Partials and residuals lie on an **exact grid**: bf16 values whose magnitudes fa
 ``[2^lo, 2^(lo+12))`` (or are zero). The smallest ulp there is ``2^(lo-7)`` and a sum of up to 8
 partials plus the residual stays below ``2^(lo+16)``, so every fp32 partial sum needs at most 23
 significant bits: fp32 addition is exact in any order, the reference is unique, and a kernel's R'
-may differ from it only by the final rounding. bf16 accumulation is not exact there.
+may differ from it only by the final rounding. bf16 accumulation is not exact there. One case, ``order_sensitive``, leaves the grid on purpose:
+there the fp32 sum depends on the order of the partials, which every rank must share.
 
 Source: kernel_targets.md §1.2-1.5 (math, edge cases, tolerances); sglang issue 34603 (bf16
 accumulation), §1.4 (-0.0 Lamport sentinel, NaN/inf must propagate).
@@ -116,6 +117,23 @@ def _small_rms(W: int, T: int, D: int, gen: torch.Generator) -> dict[str, torch.
     return d
 
 
+def _order_sensitive(W: int, T: int, D: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Partials off the exact grid: every element's W partials share one sign and have independent
+    magnitudes 2^e, e uniform in [-24, 8), so their fp32 sum rounds and its bits depend on the
+    summation order (a kernel that sums in a rank-dependent order leaves ranks with different bits);
+    residual 0, so R' = bf16(A) and no cancellation widens an order's rounding beyond 1 ulp of R'.
+    Float addition commutes, so two partials sum alike in either order: the case needs W >= 3.
+    Source: issue 12 ("bits that depend on the rank are invisible on inputs where every fp32
+    summation order is exact")."""
+    if W < 3:
+        raise ValueError(f"inputs case 'order_sensitive' needs W >= 3 (a + b == b + a in floating point); got W={W}.")
+    sign = torch.where(torch.rand(T, D, generator=gen) < 0.5, -1.0, 1.0)
+    e = torch.randint(-24, 8, (W, T, D), generator=gen).float()
+    mant = 1.0 + torch.rand(W, T, D, generator=gen)
+    x = (sign * mant * torch.exp2(e)).to(torch.bfloat16)
+    return {"x": x, "residual": torch.zeros(T, D, dtype=torch.bfloat16), "weight": _weight(D, gen)}
+
+
 CASES: Mapping[str, Callable[[int, int, int, torch.Generator], dict[str, torch.Tensor]]] = {
     "realistic": _realistic,
     "accumulation_trap": _accumulation_trap,
@@ -124,6 +142,7 @@ CASES: Mapping[str, Callable[[int, int, int, torch.Generator], dict[str, torch.T
     "large_magnitude": _large_magnitude,
     "zero_rows": _zero_rows,
     "small_rms": _small_rms,
+    "order_sensitive": _order_sensitive,
 }
 
 

@@ -96,6 +96,31 @@ def test_grid_makes_every_fp32_summation_order_exact(case, W):
     assert torch.equal(pairwise.double(), exact)
 
 
+def test_order_sensitive_case_gives_rank_rotated_sums_other_bits_yet_within_tolerance():
+    """Off the grid, a rank that sums from its own partial first ends with other bits than rank 0,
+    while every order stays within the residual's 1-ulp tolerance (so only the cross-rank bitwise
+    check can catch it)."""
+    d = ar_inputs.make_inputs({"W": 4, "T": 16, "D": 7168}, 0, "order_sensitive")
+    parts = d["x"].float()
+
+    def summed(order):
+        acc = parts[order[0]].clone()
+        for r in order[1:]:
+            acc = acc + parts[r]
+        return acc.to(torch.bfloat16)
+
+    rank0 = summed([0, 1, 2, 3])
+    rotated = [summed([(r + i) % 4 for i in range(4)]) for r in range(1, 4)]
+    assert all(int((a != rank0).sum()) > 0 for a in rotated)
+    want = ar_ref.reference(d, EPS)
+    tolerances = load_task(REPO_ROOT, "k3_allreduce_rmsnorm").correctness.tolerance
+    tol = tolerances["residual"]
+    for a in rotated:
+        assert ar_ref.check(d, EPS, {"x": want["x"], "residual": a}, want, {"residual": tol, "x": tolerances["x"]}) == []
+    with pytest.raises(ValueError, match="needs W >= 3"):
+        ar_inputs.make_inputs({"W": 2, "T": 4, "D": 64}, 3, "order_sensitive")
+
+
 def test_accumulation_trap_separates_bf16_from_fp32_accumulation():
     for W, ulps in ((4, 2.0), (8, 4.0)):
         d = ar_inputs.make_inputs({"W": W, "T": 4, "D": 64}, 3, "accumulation_trap")
