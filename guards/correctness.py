@@ -16,6 +16,7 @@ from typing import Any
 
 from guards.base import GuardContext
 from guards.cases import Case, correctness_cases, load_task_module, rank_inputs
+from guards import progress
 from guards.sandbox import run_child, run_ranks
 from guards.verdict import Evidence, Status, Verdict
 
@@ -116,6 +117,7 @@ class CorrectnessGuard:
         results: dict[str, list[dict]] = {}
         duration = 0.0
         if task.distributed is None:
+            progress.phase(f"{len(cases)} configurations in one child (import, run, check)")
             outcome = run_child(ctx.worktree, {**base, "cases": [c.request_entry() for c in cases]},
                                 timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
                                 device=ctx.device)
@@ -128,8 +130,11 @@ class CorrectnessGuard:
         d = task.distributed
         backend = d.backend_cuda if ctx.device == "cuda" else d.backend_cpu
         last = None
-        for world in sorted({c.world_size for c in cases}):
+        worlds = sorted({c.world_size for c in cases})
+        for k, world in enumerate(worlds):
             group = [c for c in cases if c.world_size == world]
+            progress.phase(f"TP {world}: {len(group)} configurations, one child per rank; TP sizes done", done=k,
+                           total=len(worlds))
             reqs = [{**base, "cases": [c.request_entry(r) for c in group]} for r in range(world)]
             outcomes = run_ranks(ctx.worktree, reqs, backend=backend, collective_timeout_s=d.collective_timeout_s,
                                  timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,

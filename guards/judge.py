@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from guards import _protocol as P
+from guards import progress
 from guards.sandbox import ChildGone, ChildSession, ChildTimeout, child_session
 
 ACK_BYTES = P.NONCE_BYTES + P.ACK.size
@@ -235,6 +236,7 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         srv.command(P.OP_SELECT, index)
     rec = {side: SideRecord() for side in servers}
     for i in range(warmup + repetitions):
+        progress.advance(i)
         inputs = make_inputs(i)
         slot = i % P.SLOTS
         order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from guards.base import GuardContext
+from guards import progress
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 
@@ -163,6 +164,8 @@ class ModelEvalGuard:
         request = {"mode": "model_eval", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
                    "decode_backend": backend, "prompts": prompts, "forced": forced, "weights_seed": weights_seed,
                    "settings": dataclasses.asdict(s)}
+        progress.phase(f"K3-mini on the {'candidate' if backend == 'latency_specialized' else 'standard'} path "
+                       f"({len(prompts)} prompts, {s.generate_tokens} tokens each{', forced' if forced else ''})")
         return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 
@@ -297,6 +300,7 @@ class ModelEvalGuard:
                    "settings": dataclasses.asdict(s),
                    "vllm": {"max_model_len": s.context_tokens + s.generate_tokens, "dtype": VLLM_DTYPE,
                             "kv_cache_memory_bytes": vllm_kv_cache_bytes(s)}}
+        progress.phase(f"K3-mini through vLLM, {backend} ({len(prompts)} prompts)")
         return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 

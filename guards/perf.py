@@ -22,6 +22,7 @@ import random
 from guards.activation import claims
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
+from guards import progress
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
@@ -273,6 +274,7 @@ class PerfGuard:
         with tempfile.TemporaryDirectory(prefix="wb-base-tree-") as tmp:
             base_tree = export_tree(ctx.repo_root, ctx.base_commit, Path(tmp) / "base")
             with contextlib.ExitStack() as stack:
+                progress.phase("starting the baseline and candidate children (import, load)")
                 base = stack.enter_context(call_server(
                     base_tree, {**req, "measure_floor": ctx.device == "cuda"}, specs, device=ctx.device,
                     timeout_s=timeout, memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
@@ -281,6 +283,8 @@ class PerfGuard:
                     memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
                 servers = {"baseline": base, "candidate": cand}
                 for idx, c in enumerate(timed):
+                    progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads), calls a side",
+                                   done=0, total=task.perf.warmup + task.perf.repetitions)
                     t0 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
                     rec = time_workload(servers, idx, specs[idx], _input_maker(task, c, ctx.seed), device=ctx.device,
                                         warmup=task.perf.warmup, repetitions=task.perf.repetitions)

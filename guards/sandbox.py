@@ -267,6 +267,27 @@ class ChildSession:
         return self.proc.pid
 
 
+_live_lock = threading.Lock()
+_live: dict[int, int | None] = {}
+"""Process-group id -> uid (None: the workbench's own) of every child started and not yet reaped."""
+
+
+def kill_all_children() -> int:
+    """Kill every live child's process group (and its uid's processes): the Ctrl-C path.
+
+    Safe from any thread; the sessions' own clean-up then finds them dead. Returns how many process
+    groups were signalled.
+    """
+    with _live_lock:
+        live = dict(_live)
+    for pgid, uid in live.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        if uid is not None:
+            _kill_uid(uid)
+    return len(live)
+
+
 @contextlib.contextmanager
 def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str,
                   pass_fds: tuple[int, ...] = (), setup: Any = None) -> Iterator[ChildSession]:
@@ -362,28 +383,38 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
             finally:
                 os.close(nonce_w)
             session = ChildSession(proc, t0 + timeout_s, nonce)
+            with _live_lock:
+                _live[proc.pid] = uid
+            interrupted = False
             try:
                 yield session
             except ChildTimeout:
                 session.timed_out = True
             except ChildGone:
                 pass  # its exit status and response say why
+            except BaseException:  # Ctrl-C or an error of the caller: kill now, do not wait for the child
+                interrupted = True
+                raise
             finally:
                 timed_out = session.timed_out
-                if not timed_out:
-                    try:
-                        proc.wait(timeout=max(0.0, session.deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        timed_out = True
-                try:  # leftovers (background processes) die with the group
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                if uid is not None:
-                    _kill_uid(uid)  # and with the uid, wherever they moved (setsid, double fork)
-                proc.wait()
-                reader.join(timeout=10)
-                os.close(resp_r)
+                try:
+                    if not timed_out and not interrupted:
+                        try:
+                            proc.wait(timeout=max(0.0, session.deadline - time.monotonic()))
+                        except subprocess.TimeoutExpired:
+                            timed_out = True
+                finally:  # also when Ctrl-C lands in the wait: the child never outlives the session
+                    try:  # leftovers (background processes) die with the group
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    if uid is not None:
+                        _kill_uid(uid)  # and with the uid, wherever they moved (setsid, double fork)
+                    proc.wait()
+                    with _live_lock:
+                        _live.pop(proc.pid, None)
+                    reader.join(timeout=10)
+                    os.close(resp_r)
         duration = time.monotonic() - t0
         out_bytes, err_bytes = out_path.stat().st_size, err_path.stat().st_size
         response, problem = None, None

@@ -8,13 +8,16 @@ module level (fast ``--help``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workbench.errors import CandidateError, WorkbenchError
@@ -80,6 +83,28 @@ def _enqueue(root: Path, result, path: Path, no_queue: bool) -> None:
     enqueue_accepted(root, result, path)
 
 
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, the shell's code for a command stopped by Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _judging() -> Iterator[None]:
+    """Show the judgment's progress on stderr; on Ctrl-C stop every child, say what was interrupted, exit 130."""
+    from guards.sandbox import kill_all_children
+    from workbench.progress_view import showing_progress
+
+    try:
+        with showing_progress(err):
+            yield
+    except KeyboardInterrupt as exc:
+        from workbench.errors import Interrupted
+
+        groups = kill_all_children()  # again: a child started while the handler ran dies too
+        note = exc.note if isinstance(exc, Interrupted) else f"Interrupted: stopped {groups} child process group(s)."
+        err.print(f"[yellow]{escape(note)}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
 def _fail(exc: Exception) -> None:
     err.print(f"[red]error:[/] {exc}")
     raise typer.Exit(EXIT_ERROR)
@@ -129,7 +154,8 @@ def run(
     from workbench.pipeline import run_candidate
 
     try:
-        result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed)
+        with _judging():
+            result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _enqueue(_root(repo), result, path, no_queue)
@@ -183,7 +209,8 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attemp
         log.info("dispatch: run %s with backend %s, %d attempt(s)", task_id, backend.label, attempts)
         from workbench.agents.runner import run_agent
 
-        result = run_agent(root, task_id, backend, attempts=attempts, base=base, device=device)
+        with _judging():
+            result = run_agent(root, task_id, backend, attempts=attempts, base=base, device=device)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     from workbench.results import read_result
@@ -227,7 +254,8 @@ def verify(
     try:
         root = _root(repo)
         ref = resolve_branch(root, branch)
-        result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed)
+        with _judging():
+            result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _enqueue(root, result, path, no_queue)
@@ -319,19 +347,23 @@ def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device
         fixtures = [f for f in fixtures if f.name in names]
     all_ok = True
     dev = detect_device(device)
+    t0, tally = time.monotonic(), {"as expected": 0, "NOT as expected": 0, "skipped": 0}
     for fx in fixtures:
         if not fx.runs_on(dev):
             console.print(f"skip fixture {fx.name}: judged on {', '.join(fx.devices or ())} only (fixtures/requires.toml)")
+            tally["skipped"] += 1
             continue
         expect = "accepted" if fx.good else f"rejected by {fx.expected_guard}"
         console.rule(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})")
         try:
-            result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
+            with _judging():
+                result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
         except CandidateError as exc:
             if "changes nothing" not in str(exc):
                 raise
             console.print(f"  => [yellow]skipped[/]: {fx.name} is already merged at the base (its files are in HEAD), "
                           "so there is nothing to judge")
+            tally["skipped"] += 1
             continue
         failure = result.first_failure()
         ok = fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None)
@@ -339,6 +371,9 @@ def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device
         _print_result(result, path)
         why = failure.summary if failure else "every guard passed"
         console.print(f"  => {'[green]as expected[/]' if ok else '[red]NOT as expected[/]'}: {why}")
+        tally["as expected" if ok else "NOT as expected"] += 1
+    console.print(f"{task_id}: {len(fixtures)} fixture(s) in {time.monotonic() - t0:.0f} s: "
+                  + ", ".join(f"{n} {k}" for k, n in tally.items()))
     return all_ok
 
 
@@ -403,7 +438,8 @@ def check(
             base_sha = repo.commit(base or "HEAD").hexsha
         except Exception:
             raise WorkbenchError(f"--base {base!r} is not a commit of {wt}; copy it from the brief.") from None
-        report = self_check(wt, task, base=base_sha, device=detect_device(device), with_perf=not no_perf)
+        with _judging():
+            report = self_check(wt, task, base=base_sha, device=detect_device(device), with_perf=not no_perf)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     console.print(report.text(), markup=False)

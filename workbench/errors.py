@@ -29,3 +29,15 @@ class ChildProcessError_(WorkbenchError):
 
 class AgentError(WorkbenchError):
     """An agent backend cannot run (no API key, the API failing after retries, a command that cannot start)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user pressed Ctrl-C (SIGINT) while the workbench judged or ran an agent.
+
+    Raised after every child process group was killed and the half-made state was cleaned up (or kept
+    on purpose); ``note`` says which, in one sentence. The CLI prints it and exits 130 (128 + SIGINT).
+    """
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        self.note = note

@@ -13,9 +13,11 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
+from guards import progress
 from guards.base import Guard, GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
+from workbench.errors import Interrupted
 from workbench.results import (CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, perf_was_judged,
                                write_result)
 from workbench.taskspec import TaskSpec, load_task
@@ -43,11 +45,12 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
     """
     verdicts: list[Verdict] = []
     stopped_by: str | None = None
-    for g in guards:
+    for i, g in enumerate(guards, 1):
         if stopped_by:
             verdicts.append(Verdict(guard=g.name, status=Status.SKIP, summary=f"Not run: {stopped_by} did not pass."))
             continue
         t0 = time.monotonic()
+        progress.guard_started(g.name, i, len(guards))
         try:
             v = g.check(ctx)
         except Exception as exc:
@@ -58,6 +61,7 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
                         evidence=(Evidence(name="exception", value=f"{type(exc).__name__}: {exc}"),
                                   Evidence(name="traceback", value=tb)))
         v = v.with_duration(time.monotonic() - t0)
+        progress.guard_finished(g.name, v.status.value, time.monotonic() - t0, v.summary)
         verdicts.append(v)
         if v.status in (Status.FAIL, Status.ERROR):
             stopped_by = g.name
@@ -189,4 +193,22 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     cand = create_candidate(root, task_id, source, base)
     cmd = (f"workbench run {task_id} --candidate {shlex.quote(str(source))} --base {cand.base_commit[:12]} "
            f"--device {dev} --seed {seed}")
-    return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)
+    try:
+        return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)
+    except KeyboardInterrupt as exc:
+        raise interrupted(root, cand) from exc
+
+
+def interrupted(root: Path, cand: Candidate) -> Interrupted:
+    """Ctrl-C while ``cand`` was judged: kill every child, remove its worktree and branch (the candidate's
+    source, a patch, folder or branch of the user's, is untouched), and say what was interrupted."""
+    from guards.sandbox import kill_all_children
+    from workbench.worktree import remove_candidate
+
+    step = progress.current()
+    groups = kill_all_children()
+    remove_candidate(root, cand.worktree, cand.branch)
+    where = f"{step.guard} ({step.phase})" if step.guard else "setting up"
+    return Interrupted(f"Interrupted during {where}: stopped {groups} child process group(s), removed worktree "
+                       f"{cand.worktree} and branch {cand.branch}; no result file was written. Run the same "
+                       "command again to judge it.")

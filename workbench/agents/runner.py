@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from guards.base import Guard
 from workbench.agents.base import AgentBackend, AttemptContext, AttemptOutcome, TokenUsage
 from workbench.agents.brief import render_brief, render_feedback
+from workbench.errors import Interrupted
 from workbench.results import RunResult, now_utc
 from workbench.worktree import AgentWorktree, Candidate, commit_attempt, create_agent_worktree, open_repo, state_dir
 
@@ -165,56 +166,68 @@ def run_agent(
     _write_record(run, "running")
     feedback_text: str | None = None
     feedback_path: Path | None = None
-    for k in range(1, attempts + 1):
-        if k > 1 and not backend.can_revise:
-            logger.info("agent run %s: backend %s cannot revise its candidate; stopping after attempt %d",
-                        awt.name, backend.name, k - 1)
-            break
-        prompt_path = briefs / f"{awt.name}-a{k}.prompt.md"
-        prompt_path.write_text(brief_text + ("\n\n" + feedback_text if feedback_text else ""), encoding="utf-8")
-        transcript = sd / "transcripts" / f"{awt.name}-a{k}.jsonl"
-        transcript.parent.mkdir(parents=True, exist_ok=True)
-        ctx = AttemptContext(task=task, repo_root=root, worktree=awt.worktree, base_commit=awt.base_commit, attempt=k,
-                             attempts=attempts, brief_file=brief_path, brief_text=brief_text,
-                             feedback_file=feedback_path, feedback_text=feedback_text, prompt_file=prompt_path,
-                             transcript_path=transcript, device=dev,
-                             self_check=lambda: self_check(awt.worktree, task, base=awt.base_commit, device=dev).text())
-        logger.info("agent run %s: attempt %d/%d starts (%s)", awt.name, k, attempts,
-                    "with feedback" if feedback_text else "from the brief")
-        try:
-            outcome: AttemptOutcome = backend.attempt(ctx)
-        except Exception:
-            _write_record(run, "error")
-            raise
-        run.usage.add(outcome.usage)
-        sha, changed = commit_attempt(root, awt, f"{task_id} attempt {k} by {backend.label}")
-        logger.info("agent run %s: attempt %d committed %s (%s)", awt.name, k, sha[:10],
-                    "changed files" if changed else "no change")
-        seed = seeds[k - 1] if seeds is not None else draw_runtime_seed(task)
-        cand = Candidate(source=awt.branch, kind="branch", branch=awt.branch, worktree=awt.worktree,
-                         base_commit=awt.base_commit, candidate_commit=sha)
-        result, path = judge_candidate(
-            root, task, cand, device=dev, seed=seed, guards=guards, agent=f"{backend.label} attempt {k}/{attempts}",
-            transcript_path=str(transcript), attempt=k,
-            command=f"workbench verify {task_id} --branch {sha} --base {awt.base_commit[:12]} --device {dev} --seed {seed}")
-        bad = result.first_failure()
-        run.attempts.append(AttemptRecord(
-            attempt=k, commit=sha, changed=changed, accepted=result.accepted,
-            first_failure=f"{bad.guard}: {bad.summary}" if bad else "", result_path=str(path),
-            transcript_path=str(transcript), feedback_path=str(feedback_path) if feedback_path else None,
-            outcome={"stop_reason": outcome.stop_reason, "submitted": outcome.submitted,
-                     "usage": outcome.usage.to_dict(), "note": outcome.note, "duration_s": outcome.duration_s}))
-        run.final, run.final_path = result, path
-        _write_record(run, "running")
-        logger.info("agent run %s: attempt %d %s%s", awt.name, k, "ACCEPTED" if result.accepted else "REJECTED",
-                    f" by {bad.guard}" if bad else "")
-        if result.accepted:
-            break
-        if bad is not None and bad.status.value == "ERROR":
-            logger.info("agent run %s: a guard broke (ERROR); stopping, the verdict is not a judgement", awt.name)
-            break
-        feedback_text = render_feedback(result, attempt=k, attempts=attempts, hidden=[seed])
-        feedback_path = briefs / f"{awt.name}-a{k}.feedback.md"
-        feedback_path.write_text(feedback_text, encoding="utf-8")
+    try:
+        for k in range(1, attempts + 1):
+            if k > 1 and not backend.can_revise:
+                logger.info("agent run %s: backend %s cannot revise its candidate; stopping after attempt %d",
+                            awt.name, backend.name, k - 1)
+                break
+            prompt_path = briefs / f"{awt.name}-a{k}.prompt.md"
+            prompt_path.write_text(brief_text + ("\n\n" + feedback_text if feedback_text else ""), encoding="utf-8")
+            transcript = sd / "transcripts" / f"{awt.name}-a{k}.jsonl"
+            transcript.parent.mkdir(parents=True, exist_ok=True)
+            ctx = AttemptContext(task=task, repo_root=root, worktree=awt.worktree, base_commit=awt.base_commit, attempt=k,
+                                 attempts=attempts, brief_file=brief_path, brief_text=brief_text,
+                                 feedback_file=feedback_path, feedback_text=feedback_text, prompt_file=prompt_path,
+                                 transcript_path=transcript, device=dev,
+                                 self_check=lambda: self_check(awt.worktree, task, base=awt.base_commit, device=dev).text())
+            logger.info("agent run %s: attempt %d/%d starts (%s)", awt.name, k, attempts,
+                        "with feedback" if feedback_text else "from the brief")
+            try:
+                outcome: AttemptOutcome = backend.attempt(ctx)
+            except Exception:
+                _write_record(run, "error")
+                raise
+            run.usage.add(outcome.usage)
+            sha, changed = commit_attempt(root, awt, f"{task_id} attempt {k} by {backend.label}")
+            logger.info("agent run %s: attempt %d committed %s (%s)", awt.name, k, sha[:10],
+                        "changed files" if changed else "no change")
+            seed = seeds[k - 1] if seeds is not None else draw_runtime_seed(task)
+            cand = Candidate(source=awt.branch, kind="branch", branch=awt.branch, worktree=awt.worktree,
+                             base_commit=awt.base_commit, candidate_commit=sha)
+            result, path = judge_candidate(
+                root, task, cand, device=dev, seed=seed, guards=guards, agent=f"{backend.label} attempt {k}/{attempts}",
+                transcript_path=str(transcript), attempt=k,
+                command=f"workbench verify {task_id} --branch {sha} --base {awt.base_commit[:12]} --device {dev} --seed {seed}")
+            bad = result.first_failure()
+            run.attempts.append(AttemptRecord(
+                attempt=k, commit=sha, changed=changed, accepted=result.accepted,
+                first_failure=f"{bad.guard}: {bad.summary}" if bad else "", result_path=str(path),
+                transcript_path=str(transcript), feedback_path=str(feedback_path) if feedback_path else None,
+                outcome={"stop_reason": outcome.stop_reason, "submitted": outcome.submitted,
+                         "usage": outcome.usage.to_dict(), "note": outcome.note, "duration_s": outcome.duration_s}))
+            run.final, run.final_path = result, path
+            _write_record(run, "running")
+            logger.info("agent run %s: attempt %d %s%s", awt.name, k, "ACCEPTED" if result.accepted else "REJECTED",
+                        f" by {bad.guard}" if bad else "")
+            if result.accepted:
+                break
+            if bad is not None and bad.status.value == "ERROR":
+                logger.info("agent run %s: a guard broke (ERROR); stopping, the verdict is not a judgement", awt.name)
+                break
+            feedback_text = render_feedback(result, attempt=k, attempts=attempts, hidden=[seed])
+            feedback_path = briefs / f"{awt.name}-a{k}.feedback.md"
+            feedback_path.write_text(feedback_text, encoding="utf-8")
+    except KeyboardInterrupt as exc:
+        from guards import progress
+        from guards.sandbox import kill_all_children
+
+        step = progress.current()
+        groups = kill_all_children()
+        _write_record(run, "interrupted")
+        where = f"{step.guard} ({step.phase})" if step.guard else "the agent's attempt"
+        raise Interrupted(f"Interrupted during {where}: stopped {groups} child process group(s); the agent's worktree "
+                          f"{awt.worktree} and branch {awt.branch} are kept (attempts so far are committed there; "
+                          f"judge one with workbench verify {task_id} --branch {awt.branch}).") from exc
     _write_record(run, "accepted" if run.accepted else "rejected")
     return run

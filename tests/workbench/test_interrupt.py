@@ -1,0 +1,69 @@
+"""Ctrl-C in the middle of a judgment: every child stops, the half-made worktree and branch go, the
+command says what it interrupted and exits 130 (issue 17 item 2)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import git
+
+GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
+
+
+def _processes_under(path: Path) -> list[str]:
+    """Command lines of live processes that name ``path`` (the run's worktrees)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path) in cmd and state != "Z":
+            out.append(f"{d.name}: {cmd[:160]}")
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fresh_repo):
+    worktrees = fresh_repo / ".workbench" / "worktrees"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "run", "k3_moe_dispatch", "-c", GOOD, "--device", "cpu", "--no-queue",
+         "--seed", "7"], cwd=fresh_repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # wait until the correctness child runs
+            ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+            if ready:
+                line = proc.stderr.readline()
+                lines.append(line)
+                if "correctness]" in line and "configurations" in line:
+                    break
+            assert proc.poll() is None, f"the run ended before correctness: {lines}"
+        else:
+            pytest.fail(f"no correctness progress line within 120 s: {lines}")
+        time.sleep(1.0)  # the child is importing or running cases now
+        assert _processes_under(worktrees), "no child was running under the worktree when Ctrl-C came"
+        os.kill(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(lines) + (rest or "")
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "Interrupted during correctness" in stderr and "removed worktree" in stderr, stderr[-2000:]
+    assert _processes_under(worktrees) == []
+    assert list(worktrees.iterdir()) == []  # the run's worktree existed (its child ran there) and is gone
+    assert git(fresh_repo, "branch", "--list", "wb/*") == ""
+    assert list((fresh_repo / ".workbench" / "results").glob("*.json")) == []  # no half-written verdict
