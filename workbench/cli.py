@@ -110,9 +110,20 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(EXIT_ERROR)
 
 
+VERBOSE_HELP = "Log every dispatch decision and guard step (before or after the subcommand)."
+
+
+def _verbosity(verbose: bool) -> None:
+    """``-v``: debug logging of the workbench's own loggers (dispatch decisions, guard steps) on stderr."""
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if verbose:
+        for name in ("workbench", "guards", "k3_model", "vllm.k3_model"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+
+
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every dispatch decision and guard step.")) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(name)s: %(message)s")
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP)) -> None:
+    _verbosity(verbose)
 
 
 def _model_eval_vllm(on: bool) -> None:
@@ -141,8 +152,10 @@ def run(
     max_turns: Optional[int] = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Judge a candidate (--candidate), or let an agent write one (--agent anthropic|command) and judge each attempt."""
+    _verbosity(verbose)
     _model_eval_vllm(model_eval_vllm)
     if agent != "patch" or attempts != 1:
         _run_agent_cli(task_id, agent=agent, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
@@ -242,11 +255,13 @@ def verify(
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
     model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM (CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
 
     The branch is judged in a fresh worktree on a new ``wb/<task>/<n>`` branch at the same commit.
     """
+    _verbosity(verbose)
     _model_eval_vllm(model_eval_vllm)
     from workbench.pipeline import run_candidate
     from workbench.worktree import resolve_branch
@@ -383,8 +398,10 @@ def demo(
     bad: str = typer.Option("correctness-wrong-at-batch-33", help="The bad fixture judged after the good one."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """The main job on the embedded default: judge the task's good fixture and one bad fixture."""
+    _verbosity(verbose)
     from workbench.fixtures import list_fixtures
     from workbench.taskspec import load_task
 
@@ -405,8 +422,10 @@ def selftest(
     fixture: Optional[list[str]] = typer.Option(None, "--fixture", "-f", help="Only these fixtures (repeatable)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Judge every fixture of a task: good ones must be accepted, bad ones rejected by the guard their name says."""
+    _verbosity(verbose)
     try:
         ok = _judge_fixtures(_root(repo), task_id, fixture, device, None)
     except (WorkbenchError, ValueError) as exc:
@@ -420,11 +439,13 @@ def check(
     base: Optional[str] = typer.Option(None, help="Base commit the candidate is judged against (the brief gives it; default HEAD)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     no_perf: bool = typer.Option(False, "--no-perf", help="Skip the quick perf estimate."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Self-check the worktree you are in: paths, correctness on the public seeds, activation, quick perf estimate.
 
     Never uses a run-time seed or random draws; the judging run does. Exit 0 when it passes, 1 when not.
     """
+    _verbosity(verbose)
     from workbench.agents.selfcheck import self_check
     from workbench.pipeline import detect_device
     from workbench.taskspec import load_task

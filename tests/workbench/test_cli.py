@@ -36,11 +36,19 @@ def test_run_accepts_good_and_prints_result_path_last(project_repo):
     assert r.stdout.startswith("# k3_moe_dispatch: ACCEPTED\n") and f"- seed: {data['seed']}\n" in r.stdout
 
 
-def test_run_rejects_bad_with_exit_1(project_repo):
-    p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu")
+def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subcommand(project_repo):
+    p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu", "-v")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "correctness  FAIL" in p.stdout and "mutated input(s) router_logits" in p.stdout
     assert Path(p.stdout.strip().splitlines()[-1]).is_file()
+    # progress (piped: plain lines on stderr): the phase, then each finished guard with its time
+    err = p.stderr.splitlines()
+    assert any(ln.startswith("[3/6 correctness] ") and "configurations in one child" in ln and " elapsed" in ln
+               for ln in err), p.stderr
+    finished = [ln.split()[:2] for ln in err if ln.startswith("  ") and ln.split()[1:2] in (["PASS"], ["FAIL"])]
+    assert finished == [["isolation", "PASS"], ["audit", "PASS"], ["correctness", "FAIL"]], p.stderr
+    # -v after the subcommand: the guard steps are logged
+    assert "workbench.progress: guard correctness (3/6) started" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("args, message", [
