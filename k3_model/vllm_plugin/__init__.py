@@ -5,7 +5,7 @@ vLLM loads ``vllm.general_plugins`` entry points in every process it starts (the
 may run twice in one process; it is idempotent. The model class is registered in the lazy string form,
 so importing this package does not import torch-heavy vLLM modules.
 
-Serve K3-mini (see README "Serving K3-mini through vLLM")::
+Serve K3-mini (see docs/vllm.md)::
 
     python -m vllm.entrypoints.openai.api_server --model DIR \\
         --hf-overrides '{"architectures": ["K3ForCausalLM"]}' \\

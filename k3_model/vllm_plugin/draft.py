@@ -4,7 +4,7 @@ DSpark (K3's real drafter) is a few dense MLA layers reading the target's hidden
 build has no DSpark method, so this stands in with vLLM's ``draft_model`` method: a one-layer K3
 checkpoint (gated NoPE MLA + dense SiTU MLP, K3-mini's width, vocabulary and tokenizer) served by the
 same ``K3ForCausalLM``. It is MLA-only on purpose: a draft with ordinary attention cannot share the KV
-cache with CPU_MLA (README: ``No common block size ... CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)]``).
+cache with CPU_MLA (docs/vllm.md: ``No common block size ... CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)]``).
 
 ``python -m k3_model.vllm_plugin.draft --target DIR --out DRAFT_DIR [--seed 1]``
 

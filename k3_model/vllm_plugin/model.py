@@ -23,7 +23,7 @@ it) or ``--hf-overrides '{"decode_backend": ...}'``. Every forward step is class
 :func:`k3_model.dispatch.forward_context`, so latency-specialized kernels run only on pure-decode steps
 inside their declared scope; the per-step decisions go to the trace (:mod:`k3_model.vllm_plugin.trace`).
 
-Limits on vLLM's CPU build (found by running it; see README "Serving K3-mini through vLLM"):
+Limits on vLLM's CPU build (found by running it; see docs/vllm.md):
 prefix caching must stay off (the plugin's KDA state has no prefix cache); expert and pipeline parallelism
 crash in vLLM itself; the model runs eagerly (no ``torch.compile``: Python-level dispatch per step).
 
@@ -157,7 +157,7 @@ class KDAStateError(RuntimeError):
 class K3KDALayer(nn.Module):
     """One KDA layer with its recurrent and conv state managed by the plugin, keyed by request.
 
-    vLLM's Mamba-style state cache cannot host it on this CPU build (README: the hybrid block-size
+    vLLM's Mamba-style state cache cannot host it on this CPU build (docs/vllm.md: the hybrid block-size
     alignment asks CPU_MLA for 128-token blocks, CPU_MLA takes only 16), so each layer keeps, per request
     key, k3_model :class:`KDAState` snapshots indexed by "tokens processed". A step resumes a request
     from the snapshot at its first new position (0 = fresh state), so a preempted-and-recomputed request
