@@ -14,12 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from guards.base import GuardContext
-from guards.cases import Case, correctness_cases, load_task_module, rank_inputs
+import time
+
 from guards import progress
+from guards.base import GuardContext
+from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
 from guards.sandbox import run_child, run_ranks
 from guards.verdict import Evidence, Status, Verdict
 
+SHRINK_CHILD_RUNS = 8
+"""Child runs spent shrinking a failing random draw to a smaller failing configuration (count)."""
+SHRINK_BUDGET_S = 90.0
+"""Wall-clock budget of the shrinking (seconds): past it, the smallest failure found so far is reported."""
 MAX_MISMATCH_LINES = 8
 
 
@@ -154,6 +160,73 @@ class CorrectnessGuard:
             last = outcomes[0]
         return results, None, duration, last
 
+    def _judge_case(self, task, ref, case: Case, ranks: list[dict]) -> tuple[list[str], list[str], list]:
+        """Check one case's per-rank results: (mismatch lines, implementations seen, per-call traces)."""
+        inplace = {k for k, o in task.outputs.items() if o.inplace}
+        identical = task.distributed.identical_across_ranks if task.distributed else ()
+        mism: list[str] = []
+        impls: list[str] = []
+        call_traces = []
+        if len(ranks) != case.world_size or any(len(rc.get("calls", [])) != 3 for rc in ranks):
+            mism.append(f"the child returned no result for this case ({len(ranks)} of {case.world_size} rank(s))")
+        else:
+            want_a = ref.reference({k: v.clone() for k, v in case.inputs_a.items()}, dict(case.kwargs))
+            want_b = ref.reference({k: v.clone() for k, v in case.inputs_b.items()}, dict(case.kwargs))
+            for rank, rc in enumerate(ranks):
+                tag = f"[rank {rank}]" if case.world_size > 1 else ""
+                for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a),
+                                              (want_a, want_b, want_a)):
+                    label = f"{tag}[{call.get('label', '?')}]"
+                    call_traces.append(call.get("trace", []))
+                    impls += [d.get("implementation", "?") for d in call.get("trace", []) if d.get("op") == task.op]
+                    if call.get("error"):
+                        mism.append(f"{label} raised {call['error'].splitlines()[0]}")
+                        continue
+                    seen = {k: v for k, v in rank_inputs(inputs, case.per_rank, rank).items() if k not in inplace}
+                    changed = _inputs_changed(seen, call.get("inputs_after", {}))
+                    if changed:
+                        mism.append(f"{label} mutated input(s) {', '.join(changed)}")
+                    got = call.get("outputs", {})
+                    if hasattr(ref, "check"):
+                        lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                                          task.correctness.tolerance)
+                    else:
+                        lines = generic_check(task, got, want)
+                    mism += [f"{label} {m}" for m in lines]
+            for i in range(3):
+                for out in identical:
+                    ref_bits = ranks[0]["calls"][i].get("outputs", {}).get(out)
+                    for rank in range(1, case.world_size):
+                        if not same_bits(ranks[rank]["calls"][i].get("outputs", {}).get(out), ref_bits):
+                            mism.append(f"[call {i}] output {out} on rank {rank} differs bitwise from rank 0 "
+                                        "(every rank must hold identical bits)")
+                            break
+        return mism, impls, call_traces
+
+    def _shrink(self, ctx: GuardContext, ref, case: Case) -> ShrinkResult:
+        """The smallest configuration near a failing random draw that still fails (issue 19: a minimal
+        failing case in the report). Each try is one child run of one configuration; a child that
+        crashes or times out on it counts as failing there too.
+
+        Source: ``guards.cases.shrink`` (the search), :data:`SHRINK_CHILD_RUNS`, :data:`SHRINK_BUDGET_S`.
+        """
+        end = time.monotonic() + SHRINK_BUDGET_S
+        tried = 0
+
+        def still_fails(w) -> bool:
+            nonlocal tried
+            if time.monotonic() > end:
+                return False
+            tried += 1
+            progress.phase(f"shrinking {case.name}: try {tried} of at most {SHRINK_CHILD_RUNS}")
+            c = build_case(ctx.task, w, ctx.seed)
+            by_name, failed, _, _ = self._run(ctx, [c])
+            if failed is not None:
+                return True
+            return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [])[0])
+
+        return shrink(ctx.task, case.workload, still_fails, max_calls=SHRINK_CHILD_RUNS)
+
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
         ref = load_task_module(task, "reference")
@@ -173,48 +246,9 @@ class CorrectnessGuard:
         ctx.artifacts["scope"] = resp.get("scope")
         ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
         ctx.artifacts["tested_tp_sizes"] = sorted({c.world_size for c in cases})
-        inplace = {k for k, o in task.outputs.items() if o.inplace}
-        identical = task.distributed.identical_across_ranks if task.distributed else ()
         case_results, failures, traces = [], [], {}
         for case in cases:
-            ranks = by_name.get(case.name) or []
-            mism: list[str] = []
-            impls: list[str] = []
-            call_traces = []
-            if len(ranks) != case.world_size or any(len(rc.get("calls", [])) != 3 for rc in ranks):
-                mism.append(f"the child returned no result for this case ({len(ranks)} of {case.world_size} rank(s))")
-            else:
-                want_a = ref.reference({k: v.clone() for k, v in case.inputs_a.items()}, dict(case.kwargs))
-                want_b = ref.reference({k: v.clone() for k, v in case.inputs_b.items()}, dict(case.kwargs))
-                for rank, rc in enumerate(ranks):
-                    tag = f"[rank {rank}]" if case.world_size > 1 else ""
-                    for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a),
-                                                  (want_a, want_b, want_a)):
-                        label = f"{tag}[{call.get('label', '?')}]"
-                        call_traces.append(call.get("trace", []))
-                        impls += [d.get("implementation", "?") for d in call.get("trace", []) if d.get("op") == task.op]
-                        if call.get("error"):
-                            mism.append(f"{label} raised {call['error'].splitlines()[0]}")
-                            continue
-                        seen = {k: v for k, v in rank_inputs(inputs, case.per_rank, rank).items() if k not in inplace}
-                        changed = _inputs_changed(seen, call.get("inputs_after", {}))
-                        if changed:
-                            mism.append(f"{label} mutated input(s) {', '.join(changed)}")
-                        got = call.get("outputs", {})
-                        if hasattr(ref, "check"):
-                            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                                              task.correctness.tolerance)
-                        else:
-                            lines = generic_check(task, got, want)
-                        mism += [f"{label} {m}" for m in lines]
-                for i in range(3):
-                    for out in identical:
-                        ref_bits = ranks[0]["calls"][i].get("outputs", {}).get(out)
-                        for rank in range(1, case.world_size):
-                            if not same_bits(ranks[rank]["calls"][i].get("outputs", {}).get(out), ref_bits):
-                                mism.append(f"[call {i}] output {out} on rank {rank} differs bitwise from rank 0 "
-                                            "(every rank must hold identical bits)")
-                                break
+            mism, impls, call_traces = self._judge_case(task, ref, case, by_name.get(case.name) or [])
             traces[case.name] = call_traces
             impl = ",".join(sorted(set(impls))) or "none"
             passed = not mism
@@ -237,11 +271,21 @@ class CorrectnessGuard:
                   Evidence(name="cases", value=n, unit="count")]
             for c, m in failures[:MAX_MISMATCH_LINES]:
                 ev.append(Evidence(name="mismatch", value=m[0][:300], path=f"{c.name} {dict(c.workload.axes)}"))
+            shrunk = ""
+            if task.domain is not None and all(c.name.startswith("random-") for c, _ in failures):
+                # only random draws fail: their configuration is arbitrary, so find a smaller one
+                sr = self._shrink(ctx, ref, case)
+                w = sr.workload
+                where = f"{dict(w.axes)} {dict(w.params)} regime {w.case}"
+                ev.append(Evidence(name="shrunk", value=where, path="; ".join(sr.steps) or "no smaller failing "
+                                   f"configuration found in {sr.calls} tries"))
+                if sr.steps:
+                    shrunk = f"; shrunk to {where}"
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
                         f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}"
-                        f"{f', {case.world_size} ranks' if task.distributed else ''}): {_clip(mism[0], 400)}",
+                        f"{f', {case.world_size} ranks' if task.distributed else ''}): {_clip(mism[0], 400)}{shrunk}",
                 evidence=tuple(ev) + skipped_ev,
             )
         sizes = sorted({c.world_size for c in cases})
