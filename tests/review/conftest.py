@@ -15,6 +15,8 @@ import pytest
 
 from review_helpers import REVIEWER, Repo, git
 
+from tests.conftest import quiet_machine
+
 PROJECT = Path(__file__).resolve().parents[2]
 TASK = "k3_moe_dispatch"
 GOOD = f"tasks/{TASK}/fixtures/good/lean-torch-cpu"
@@ -30,7 +32,8 @@ def template_repo(tmp_path_factory) -> Repo:
     git(root, "checkout", "-q", "-B", "main")
     git(root, "config", "user.name", REVIEWER)
     git(root, "config", "user.email", "reviewer@example.org")
-    good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
+    with quiet_machine(tmp_path_factory):  # the accept rests on a CPU perf verdict
+        good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
     assert good.accepted, [v.one_line() for v in good.verdicts]
     bad, bad_path = run_candidate(root, TASK, str(root / BAD), device="cpu", seed=7)
     assert not bad.accepted and bad.first_failure().guard == "isolation"
