@@ -331,21 +331,31 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
 
 @app.command()
 def tasks(repo: Optional[Path] = typer.Option(None, help="The workbench checkout.")) -> None:
-    """List the tasks and their allowed paths."""
+    """List the tasks and their allowed paths.
+
+    A task whose ``task.toml`` does not load is listed as invalid and its whole error is printed on
+    stderr (one line per task); the valid tasks are still listed, and the exit code is then 2.
+    """
     from workbench.taskspec import list_task_ids, load_task
 
     root = _root(repo)
     t = Table(title="tasks")
     for col in ("task", "op", "target", "allowed paths", "workloads"):
         t.add_column(col)
+    problems: list[WorkbenchError] = []
     for tid in list_task_ids(root):
         try:
             s = load_task(root, tid)
         except WorkbenchError as exc:
-            t.add_row(tid, "[red]invalid[/]", str(exc)[:80], "", "")
+            problems.append(exc)
+            t.add_row(tid, "[red]invalid[/]", "see the error below", "", "")
             continue
         t.add_row(tid, s.op, s.target, ", ".join(s.allowed_paths), str(len(s.correctness.workloads)))
     console.print(t)
+    for exc in problems:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+    if problems:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device: str, seed: Optional[int]) -> bool:
