@@ -165,7 +165,7 @@ class ModelEvalGuard:
                    "decode_backend": backend, "prompts": prompts, "forced": forced, "weights_seed": weights_seed,
                    "settings": dataclasses.asdict(s)}
         progress.phase(f"K3-mini on the {'candidate' if backend == 'latency_specialized' else 'standard'} path "
-                       f"({len(prompts)} prompts, {s.generate_tokens} tokens each{', forced' if forced else ''})")
+                       f"({len(prompts)} prompts, {s.generate_tokens} tokens each{', forced' if forced is not None else ''})")
         return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 
