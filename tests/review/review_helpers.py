@@ -30,3 +30,26 @@ class Repo:
         from workbench.review.service import open_store
 
         return open_store(self.root)
+
+
+def make_checkout(dest: Path) -> Path:
+    """A minimal kernel-workbench checkout (``tasks/`` and ``k3_model/``, one commit on ``main``) for the
+    review commands that need no real result file: no pipeline run, so no perf noise."""
+    for d in ("tasks", "k3_model"):
+        (dest / d).mkdir(parents=True)
+        (dest / d / "README.md").write_text(f"{d}\n")
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "base")
+    return dest
+
+
+def add_item(store, n: int = 1):
+    """Queue ``n`` placeholder items straight into the store (their result files do not exist)."""
+    items = []
+    for i in range(1, n + 1):
+        item, _ = store.add(result_id=f"r{i}", result_path=f"/nowhere/r{i}.json", result_sha256="0" * 64,
+                            task_id="k3_moe_dispatch", branch=f"wb/k3_moe_dispatch/{i}", base_commit="a" * 40,
+                            candidate_commit="b" * 40, target_branch="main", who="test")
+        items.append(item)
+    return items

@@ -1,7 +1,8 @@
 """``workbench review list|show|approve|reject|submit`` and ``workbench ui``.
 
-Errors come back as one line on stderr and exit code 2; a refused approval (stale, a verdict not
-PASS, a conflicting merge) is exit code 1.
+Errors come back as one line on stderr. Exit code 2 for bad input (an unknown id, an empty reason, a
+store that cannot be opened) in every subcommand; exit code 1 when a review is refused on its merits
+(approve or reject of an item in the wrong state, stale, a verdict not PASS, a conflicting merge).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workbench.errors import WorkbenchError
@@ -34,8 +36,15 @@ def _root(repo: Optional[Path]) -> Path:
 
 
 def _fail(exc: Exception, code: int = 2) -> None:
-    err.print(f"[red]error:[/] {exc}", markup=True)
+    err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
     raise typer.Exit(code)
+
+
+def _refused_or_fail(exc: WorkbenchError) -> None:
+    """Exit 1 for a review refused on its merits, 2 for bad input (:class:`ReviewInputError`) and the rest."""
+    from workbench.review.store import ReviewError, ReviewInputError
+
+    _fail(exc, 1 if isinstance(exc, ReviewError) and not isinstance(exc, ReviewInputError) else 2)
 
 
 def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
@@ -161,15 +170,12 @@ def approve(
 ) -> None:
     """Approve a queued candidate and merge it into its target branch (refused when stale or not all PASS)."""
     from workbench.review import service
-    from workbench.review.store import ReviewError
 
     try:
         root, store = _open(db, repo)
         item = service.approve(store, root, item_id, reviewer=reviewer or service.default_reviewer(root))
-    except ReviewError as exc:
-        _fail(exc, 1)
     except WorkbenchError as exc:
-        _fail(exc)
+        _refused_or_fail(exc)
     console.print(f"#{item.id} merged into {item.target_branch} as {item.merge_commit}")
 
 
@@ -183,15 +189,12 @@ def reject(
 ) -> None:
     """Reject a candidate with a reason."""
     from workbench.review import service
-    from workbench.review.store import ReviewError
 
     try:
         root, store = _open(db, repo)
         item = service.reject(store, item_id, reviewer=reviewer or service.default_reviewer(root), reason=reason)
-    except ReviewError as exc:
-        _fail(exc, 1)
     except WorkbenchError as exc:
-        _fail(exc)
+        _refused_or_fail(exc)
     console.print(f"#{item.id} rejected: {item.reason}")
 
 

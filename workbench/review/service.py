@@ -20,7 +20,7 @@ from workbench.errors import WorkbenchError
 from workbench.results import RunResult, file_sha256, read_result
 from workbench.worktree import git_lock
 from workbench.review import gitops
-from workbench.review.store import ReviewError, ReviewItem, ReviewStore, State, default_db_url
+from workbench.review.store import ReviewError, ReviewInputError, ReviewItem, ReviewStore, State, default_db_url
 
 DEFAULT_TARGET = "main"
 
@@ -211,11 +211,12 @@ def reject(store: ReviewStore, item_id: int, *, reviewer: str, reason: str) -> R
     """Reject with a reason (from queued, approved-but-unmerged, or stale).
 
     Raises:
-        ReviewError: empty reason, unknown id, or the item is already merged or rejected.
+        ReviewInputError: empty reason or unknown id.
+        ReviewError: the item is already merged or rejected.
     """
     reason = (reason or "").strip()
     if not reason:
-        raise ReviewError(f"Rejecting review item #{item_id} needs a reason; pass --reason TEXT "
+        raise ReviewInputError(f"Rejecting review item #{item_id} needs a reason; pass --reason TEXT "
                           "(what is wrong and what would fix it).")
     item = store.get(item_id)
     if item.state in (State.MERGED.value, State.REJECTED.value):

@@ -33,6 +33,11 @@ class ReviewError(WorkbenchError):
     """A review operation cannot proceed (unknown id, wrong state, refused merge, bad store URL)."""
 
 
+class ReviewInputError(ReviewError):
+    """The request itself is wrong (unknown id, empty reason, a store that cannot be opened), as opposed
+    to a review refused on its merits (wrong state, stale, a verdict not PASS): the CLI exits 2, not 1."""
+
+
 class State(str, enum.Enum):
     """Review states: queued -> approved -> merged; rejected (with a reason); stale (base moved)."""
 
@@ -163,7 +168,7 @@ class ReviewStore:
         url: SQLAlchemy database URL; a SQLite file's folder is created.
 
     Raises:
-        ReviewError: the URL is malformed or the database cannot be opened.
+        ReviewInputError: the URL is malformed or the database cannot be opened.
     """
 
     def __init__(self, url: str) -> None:
@@ -178,7 +183,7 @@ class ReviewStore:
                 _sqlite_pragmas(self.engine)
             _Base.metadata.create_all(self.engine)
         except (ArgumentError, OperationalError, ImportError) as exc:
-            raise ReviewError(
+            raise ReviewInputError(
                 f"Review store {url!r}: cannot open it ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
                 f"give a SQLAlchemy URL such as sqlite:///path/queue.db via --db or ${DB_ENV}."
             ) from None
@@ -200,12 +205,12 @@ class ReviewStore:
         """The item with this id, transitions loaded.
 
         Raises:
-            ReviewError: no such id.
+            ReviewInputError: no such id.
         """
         with self.session() as s:
             item = s.get(ReviewItem, item_id)
             if item is None:
-                raise ReviewError(
+                raise ReviewInputError(
                     f"Review item {item_id} does not exist in {self.url}; `workbench review list` shows the ids.")
             _ = list(item.transitions)
             return item
@@ -269,7 +274,8 @@ class ReviewStore:
         """Move an item from one of ``expected`` to ``new`` atomically, logging who and when.
 
         Raises:
-            ReviewError: unknown id, the transition is not allowed, or the item is no longer in an
+            ReviewInputError: unknown id.
+            ReviewError: the transition is not allowed, or the item is no longer in an
                 expected state (another reviewer got there first).
         """
         exp = [expected] if isinstance(expected, State) else list(expected)
@@ -282,7 +288,7 @@ class ReviewStore:
         with self.session() as s:
             current = s.get(ReviewItem, item_id)
             if current is None:
-                raise ReviewError(
+                raise ReviewInputError(
                     f"Review item {item_id} does not exist in {self.url}; `workbench review list` shows the ids.")
             old = current.state
             values: dict = {"state": new.value, "updated_at": at}
