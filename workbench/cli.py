@@ -33,17 +33,13 @@ ACCEPTANCE_STYLE = {"accepted": "green", "correct_perf_not_judged": "yellow", "r
 
 
 def _root(repo: Optional[Path]) -> Path:
-    from workbench.worktree import open_repo
+    from workbench.worktree import open_checkout
 
     try:
-        root = Path(open_repo(repo or Path.cwd()).working_dir)
+        return open_checkout(repo or Path.cwd())
     except WorkbenchError as exc:
         _fail(exc)
         raise  # unreachable: _fail exits
-    if not (root / "tasks").is_dir() or not (root / "k3_model").is_dir():
-        _fail(WorkbenchError(f"{root} is a git repository but not a kernel-workbench checkout (no tasks/ and k3_model/); "
-                             "run the workbench from a clone of kernel-workbench or pass --repo."))
-    return root
 
 
 def _print_result(result, path: Path) -> None:

@@ -50,6 +50,21 @@ def open_repo(path: Path) -> git.Repo:
     return repo
 
 
+def open_checkout(path: Path) -> Path:
+    """The root of the kernel-workbench checkout containing ``path`` (a git repository with ``tasks/``
+    and ``k3_model/``).
+
+    Raises:
+        RepoError: ``path`` is not inside a git repository, the repository has no commit, or it is not a
+            kernel-workbench checkout.
+    """
+    root = Path(open_repo(path).working_dir)
+    if not (root / "tasks").is_dir() or not (root / "k3_model").is_dir():
+        raise RepoError(f"{root} is a git repository but not a kernel-workbench checkout (no tasks/ and k3_model/); "
+                        "run the workbench from a clone of kernel-workbench or pass --repo.")
+    return root
+
+
 @contextlib.contextmanager
 def git_lock(repo_root: Path) -> Iterator[None]:
     """Exclusive lock for operations that change git state shared by all worktrees."""

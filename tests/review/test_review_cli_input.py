@@ -44,3 +44,53 @@ def test_empty_reason_and_bad_store_exit_2_but_a_refusal_exits_1(checkout):
     assert out.exit_code == 1 and "Review item #1 is rejected (no); only queued items can be approved." in out.stderr
     out = invoke(checkout, "review", "reject", "1", "--reason", "again")
     assert out.exit_code == 1 and "already rejected" in out.stderr
+
+
+def test_a_git_repo_that_is_not_a_checkout_gets_no_queue(tmp_path):
+    """Item 6.2: `review list` in some other git repository used to create .workbench/queue.db there."""
+    from review_helpers import git
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "f").write_text("x")
+    git(other, "init", "-q")
+    git(other, "add", "f")
+    git(other, "commit", "-qm", "x")
+    for args in (["list"], ["show", "1"], ["approve", "1"]):
+        out = invoke(other, "review", *args)
+        assert out.exit_code == 2, out.output
+        assert "is a git repository but not a kernel-workbench checkout" in out.stderr
+    assert not (other / ".workbench").exists()
+
+
+def test_a_mistyped_db_path_is_refused_and_nothing_is_created(checkout, tmp_path):
+    no_folder = tmp_path / "nosuch" / "queue.db"
+    out = invoke(checkout, "review", "list", "--db", f"sqlite:///{no_folder}")
+    assert out.exit_code == 2
+    assert out.stderr.strip() == (f"error: Review store 'sqlite:///{no_folder}': folder {no_folder.parent} does not "
+                                  "exist; check the --db path (or $WORKBENCH_DB), or create the folder first.")
+    assert not no_folder.parent.exists()
+    typo = tmp_path / "queu.db"
+    for args in (["list"], ["show", "1"], ["approve", "1"], ["reject", "1", "--reason", "x"]):
+        out = invoke(checkout, "review", *args, "--db", f"sqlite:///{typo}")
+        assert out.exit_code == 2, out.output
+        assert f"{typo} does not exist and this command only works on an existing queue" in out.stderr
+    assert not typo.exists()
+
+
+def test_an_existing_queue_given_by_db_or_env_keeps_working(checkout, tmp_path):
+    from workbench.review.store import ReviewStore
+
+    db = f"sqlite:///{tmp_path / 'team.db'}"
+    add_item(ReviewStore(db), 2)
+    out = invoke(checkout, "review", "reject", "1", "--reason", "untested at batch 33", "--db", db)
+    assert out.exit_code == 0 and out.stdout.strip() == "#1 rejected: untested at batch 33"
+    out = runner.invoke(app, ["review", "list", "--repo", str(checkout)], env={"COLUMNS": "250", "WORKBENCH_DB": db})
+    assert out.exit_code == 0 and "review queue (2)" in out.stdout and "untested at batch 33" in out.stdout
+    assert not (checkout / ".workbench").exists()  # the default queue was not touched
+
+
+def test_the_default_queue_is_made_on_first_use(checkout):
+    out = invoke(checkout, "review", "list")
+    assert out.exit_code == 0 and "review queue (0)" in out.stdout
+    assert (checkout / ".workbench" / "queue.db").is_file()

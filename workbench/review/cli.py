@@ -30,9 +30,14 @@ REVIEWER_HELP = "Who reviews (default: git config user.name)."
 
 
 def _root(repo: Optional[Path]) -> Path:
-    from workbench.worktree import open_repo
+    """The kernel-workbench checkout (a git repository that is not one is refused: no queue is made there).
 
-    return Path(open_repo(repo or Path.cwd()).working_dir)
+    Raises:
+        RepoError: not inside a git repository, or not a kernel-workbench checkout.
+    """
+    from workbench.worktree import open_checkout
+
+    return open_checkout(repo or Path.cwd())
 
 
 def _fail(exc: Exception, code: int = 2) -> None:
@@ -68,11 +73,13 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
               f"(workbench review show {item.id})")
 
 
-def _open(db: Optional[str], repo: Optional[Path]):
+def _open(db: Optional[str], repo: Optional[Path], *, create: bool = False):
+    """The checkout and its queue; ``create`` only for commands that add to the queue (``submit``): the
+    others refuse a ``--db``/``$WORKBENCH_DB`` SQLite file that does not exist (a mistyped path)."""
     from workbench.review.service import open_store
 
     root = _root(repo)
-    return root, open_store(root, db)
+    return root, open_store(root, db, create=create)
 
 
 def _state_cell(state: str) -> str:
@@ -209,7 +216,7 @@ def submit(
     from workbench.review import service
 
     try:
-        _, store = _open(db, repo)
+        _, store = _open(db, repo, create=True)
         item, created = service.submit_result(store, result_file, target_branch=target,
                                               who=service.default_reviewer(repo))
     except WorkbenchError as exc:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from sqlalchemy import (ForeignKey, Integer, String, Text, create_engine, event, func, select, update)
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
@@ -161,21 +161,44 @@ def _sqlite_pragmas(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _check_sqlite_path(url: str, *, create: bool) -> None:
+    """Refuse a SQLite file URL whose folder is missing, or whose file is missing when ``create`` is False.
+
+    Raises:
+        ReviewInputError: as above; the message names the path and how to fix it.
+        sqlalchemy.exc.ArgumentError: the URL is malformed.
+    """
+    parsed = make_url(url)
+    path = parsed.database
+    if not parsed.get_backend_name() == "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    p = Path(path).expanduser()
+    if not p.parent.is_dir():
+        raise ReviewInputError(
+            f"Review store {url!r}: folder {p.parent} does not exist; check the --db path (or ${DB_ENV}), "
+            "or create the folder first.")
+    if not create and not p.exists():
+        raise ReviewInputError(
+            f"Review store {url!r}: {p} does not exist and this command only works on an existing queue; "
+            f"check the --db path (or ${DB_ENV}); `workbench review submit` or an accepted run creates a queue.")
+
+
 class ReviewStore:
     """The queue: submit, list, get, and compare-and-set transitions.
 
     Args:
-        url: SQLAlchemy database URL; a SQLite file's folder is created.
+        url: SQLAlchemy database URL. A SQLite file's folder must exist (it is never created here).
+        create: whether a SQLite file that does not exist yet may be created (False: it must exist).
 
     Raises:
-        ReviewInputError: the URL is malformed or the database cannot be opened.
+        ReviewInputError: the URL is malformed, the database cannot be opened, a SQLite file's folder does
+            not exist, or ``create`` is False and the SQLite file does not exist.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
         try:
-            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-                Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            _check_sqlite_path(url, create=create)
             is_sqlite = url.startswith("sqlite")
             self.engine = create_engine(
                 url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {})
