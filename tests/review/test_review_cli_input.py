@@ -94,3 +94,39 @@ def test_the_default_queue_is_made_on_first_use(checkout):
     out = invoke(checkout, "review", "list")
     assert out.exit_code == 0 and "review queue (0)" in out.stdout
     assert (checkout / ".workbench" / "queue.db").is_file()
+
+
+def test_ui_on_a_taken_port_is_a_clear_error_before_any_serving_line(checkout, monkeypatch):
+    """Item 6.5: the port is bound first; a taken one is exit 2 and the server never starts."""
+    import socket
+
+    import uvicorn
+
+    started = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: started.append(sockets))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = invoke(checkout, "ui", "--port", str(port))
+    assert out.exit_code == 2, out.output
+    assert out.stderr.strip() == (f"error: workbench ui: cannot listen on 127.0.0.1:{port} (it is already in use); "
+                                  "pick a free port with --port N, or stop the program using it.")
+    assert "review UI on" not in out.stdout and started == []
+
+
+def test_ui_hands_its_bound_socket_to_the_server(checkout, monkeypatch):
+    import socket
+
+    import uvicorn
+
+    seen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.append(
+        [s.getsockname()[1] for s in sockets]))
+    with socket.socket() as probe:  # a port free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = invoke(checkout, "ui", "--port", str(port))
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith(f"review UI on http://127.0.0.1:{port}/ (queue sqlite:///")
+    assert seen == [[port]]

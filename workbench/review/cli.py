@@ -231,14 +231,47 @@ def ui(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
 ) -> None:
-    """Serve the review web UI (the queue, one page per candidate, approve/reject forms)."""
+    """Serve the review web UI (the queue, one page per candidate, approve/reject forms).
+
+    The port is bound before anything is printed, and the server is handed that socket: a port already
+    taken is a one-line error and exit 2, never a "serving" line followed by uvicorn's traceback.
+    """
     import uvicorn
 
     from workbench.review.web import create_app
 
     try:
         root, store = _open(db, repo)
+        sock = _bind(host, port)
     except WorkbenchError as exc:
         _fail(exc)
     console.print(f"review UI on http://{host}:{port}/ (queue {store.url}); Ctrl-C stops it")
-    uvicorn.run(create_app(store, root, reviewer=reviewer), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(create_app(store, root, reviewer=reviewer), log_level="warning")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _bind(host: str, port: int):
+    """A listening TCP socket on ``host:port`` (uvicorn's own options: SO_REUSEADDR, IPv6 when ``host`` is one).
+
+    Raises:
+        WorkbenchError: the port is taken, the address is not this machine's, or the port is out of range.
+    """
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = "it is already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE else f"{type(exc).__name__}: {exc}"
+        raise WorkbenchError(f"workbench ui: cannot listen on {host}:{port} ({why}); pick a free port with "
+                             "--port N, or stop the program using it.") from None
+    sock.set_inheritable(True)
+    return sock
