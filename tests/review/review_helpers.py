@@ -53,3 +53,21 @@ def add_item(store, n: int = 1):
                             candidate_commit="b" * 40, target_branch="main", who="test")
         items.append(item)
     return items
+
+
+def no_perf_result(dest: Path, *, accepted: bool = True):
+    """Write a result file with no perf rows (perf SKIP) under ``dest``; returns its path."""
+    from guards.verdict import Status, Verdict
+    from workbench.results import CandidateInfo, RunResult, perf_was_judged, write_result
+
+    verdicts = tuple(Verdict(guard=g, status=Status.PASS, summary="ok.")
+                     for g in ("isolation", "audit", "correctness", "activation", "model_eval"))
+    verdicts += (Verdict(guard="perf", status=Status.SKIP, summary="Not timed on this device."),)
+    r = RunResult(
+        result_id="k3_moe_dispatch-9-deadbeef", task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+        candidate=CandidateInfo(source="x", kind="folder", branch="wb/k3_moe_dispatch/9", worktree="/w",
+                                base_commit="b" * 40, candidate_commit="c" * 40),
+        environment={}, device="cpu", verdicts=verdicts, accepted=accepted, perf_judged=perf_was_judged(verdicts),
+        seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
+        started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
+    return write_result(r, dest)
