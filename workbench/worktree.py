@@ -120,8 +120,34 @@ def classify_source(repo: git.Repo, source: str) -> str:
         ) from None
 
 
+RUN_NUMBERS_FILE = "run_numbers.json"
+"""Under ``.workbench/``: the highest run number handed out per task (a high-water mark)."""
+
+
+def _read_run_numbers(root: Path) -> dict[str, int]:
+    """``{task_id: highest run number handed out}``; a missing or unreadable file is empty (the branches
+    and worktrees that still exist then bound the next number)."""
+    import json
+
+    try:
+        data = json.loads((state_dir(root) / RUN_NUMBERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and type(v) is int} if isinstance(data, dict) else {}
+
+
 def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
-    used = [0]
+    """The next run number of ``task_id``, recorded before it is returned (call under :func:`git_lock`).
+
+    Above every existing ``wb/<task_id>/<n>`` branch and ``<task_id>-<n>`` worktree and above the
+    high-water mark in ``.workbench/run_numbers.json``, so a number is never handed out twice, not even
+    after ``workbench clean --branches`` removed the branches and worktrees that used it.
+    """
+    import json
+    import os
+
+    numbers = _read_run_numbers(root)
+    used = [numbers.get(task_id, 0)]
     for head in repo.heads:
         m = re.fullmatch(rf"wb/{re.escape(task_id)}/(\d+)", head.name)
         if m:
@@ -132,7 +158,14 @@ def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
             m = re.fullmatch(rf"{re.escape(task_id)}-(\d+)", p.name)
             if m:
                 used.append(int(m.group(1)))
-    return max(used) + 1
+    n = max(used) + 1
+    numbers[task_id] = n
+    path = state_dir(root) / RUN_NUMBERS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # atomic: a killed run leaves the old mark or the new one
+    return n
 
 
 def _commit_all(wt_repo: git.Repo, message: str) -> str:

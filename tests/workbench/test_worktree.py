@@ -119,3 +119,35 @@ def test_resolve_branch_and_clean(fresh_repo):
     removed, deleted = clean_worktrees(fresh_repo, delete_branches=True)
     assert (removed, deleted) == (1, 1)
     assert not c.worktree.exists() and c.branch not in _branches(fresh_repo)
+
+
+def _small_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-commit checkout (``tasks/``, ``k3_model/``) and an overlay folder that changes one file."""
+    root = tmp_path / "repo"
+    for d in ("tasks", "k3_model"):
+        (root / d).mkdir(parents=True)
+        (root / d / "README.md").write_text(f"{d}\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    overlay = tmp_path / "overlay"
+    (overlay / "k3_model").mkdir(parents=True)
+    (overlay / "k3_model/README.md").write_text("changed\n")
+    return root, overlay
+
+
+def test_run_numbers_are_never_reused_after_clean_branches(tmp_path):
+    """Issue 17 item 6.7: after `clean --branches` the next run used to be wb/<task>/1 again."""
+    import json
+
+    from workbench.worktree import clean_worktrees, create_agent_worktree
+
+    root, overlay = _small_repo(tmp_path)
+    assert [create_candidate(root, "t", str(overlay)).branch for _ in range(2)] == ["wb/t/1", "wb/t/2"]
+    clean_worktrees(root, delete_branches=True)
+    assert [b for b in _branches(root) if b.startswith("wb/")] == []
+    c = create_candidate(root, "t", str(overlay))
+    assert (c.branch, c.worktree.name) == ("wb/t/3", "t-3")
+    assert create_agent_worktree(root, "t").branch == "wb/t/4"  # agent runs share the counter
+    assert create_candidate(root, "other", str(overlay)).branch == "wb/other/1"  # one counter per task
+    assert json.loads((root / ".workbench/run_numbers.json").read_text()) == {"other": 1, "t": 4}
