@@ -277,16 +277,27 @@ def verify(
 @app.command()
 def clean(
     branches: bool = typer.Option(False, "--branches", help="Also delete wb/* branches that the review queue does not reference."),
+    older_than_days: float = typer.Option(7.0, "--older-than-days", help="Remove worktrees last used more than this many days ago (0: all)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
 ) -> None:
-    """Remove candidate worktrees under .workbench/worktrees (result files, transcripts and the queue stay)."""
+    """Remove worktrees of finished runs under .workbench/worktrees (result files, transcripts and the queue stay).
+
+    Worktrees used within --older-than-days days (a run in progress) and those of candidates still in the
+    review queue (queued, approved, stale) are kept; the line printed says how much disk was freed.
+    """
+    from rich.filesize import decimal
+
     from workbench.worktree import clean_worktrees
 
     try:
-        removed, deleted = clean_worktrees(_root(repo), delete_branches=branches)
-    except WorkbenchError as exc:
+        r = clean_worktrees(_root(repo), delete_branches=branches, older_than_days=older_than_days)
+    except (WorkbenchError, ValueError) as exc:
         _fail(exc)
-    console.print(f"removed {removed} worktree(s)" + (f", deleted {deleted} branch(es)" if branches else ""))
+    kept = [f"{r.kept_recent} used within {older_than_days:g} day(s)"] if r.kept_recent else []
+    kept += [f"{r.kept_held} held by the review queue"] if r.kept_held else []
+    console.print(f"removed {r.removed} worktree(s), freed {decimal(r.freed_bytes)}"
+                  + (f"; kept {' and '.join(kept)}" if kept else "")
+                  + (f"; deleted {r.deleted_branches} branch(es)" if branches else ""))
 
 
 @app.command()
