@@ -33,17 +33,13 @@ ACCEPTANCE_STYLE = {"accepted": "green", "correct_perf_not_judged": "yellow", "r
 
 
 def _root(repo: Optional[Path]) -> Path:
-    from workbench.worktree import open_repo
+    from workbench.worktree import open_checkout
 
     try:
-        root = Path(open_repo(repo or Path.cwd()).working_dir)
+        return open_checkout(repo or Path.cwd())
     except WorkbenchError as exc:
         _fail(exc)
         raise  # unreachable: _fail exits
-    if not (root / "tasks").is_dir() or not (root / "k3_model").is_dir():
-        _fail(WorkbenchError(f"{root} is a git repository but not a kernel-workbench checkout (no tasks/ and k3_model/); "
-                             "run the workbench from a clone of kernel-workbench or pass --repo."))
-    return root
 
 
 def _print_result(result, path: Path) -> None:
@@ -281,16 +277,27 @@ def verify(
 @app.command()
 def clean(
     branches: bool = typer.Option(False, "--branches", help="Also delete wb/* branches that the review queue does not reference."),
+    older_than_days: float = typer.Option(7.0, "--older-than-days", help="Remove worktrees last used more than this many days ago (0: all)."),
     repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
 ) -> None:
-    """Remove candidate worktrees under .workbench/worktrees (result files, transcripts and the queue stay)."""
+    """Remove worktrees of finished runs under .workbench/worktrees (result files, transcripts and the queue stay).
+
+    Worktrees used within --older-than-days days (a run in progress) and those of candidates still in the
+    review queue (queued, approved, stale) are kept; the line printed says how much disk was freed.
+    """
+    from rich.filesize import decimal
+
     from workbench.worktree import clean_worktrees
 
     try:
-        removed, deleted = clean_worktrees(_root(repo), delete_branches=branches)
-    except WorkbenchError as exc:
+        r = clean_worktrees(_root(repo), delete_branches=branches, older_than_days=older_than_days)
+    except (WorkbenchError, ValueError) as exc:
         _fail(exc)
-    console.print(f"removed {removed} worktree(s)" + (f", deleted {deleted} branch(es)" if branches else ""))
+    kept = [f"{r.kept_recent} used within {older_than_days:g} day(s)"] if r.kept_recent else []
+    kept += [f"{r.kept_held} held by the review queue"] if r.kept_held else []
+    console.print(f"removed {r.removed} worktree(s), freed {decimal(r.freed_bytes)}"
+                  + (f"; kept {' and '.join(kept)}" if kept else "")
+                  + (f"; deleted {r.deleted_branches} branch(es)" if branches else ""))
 
 
 @app.command()
@@ -331,21 +338,31 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
 
 @app.command()
 def tasks(repo: Optional[Path] = typer.Option(None, help="The workbench checkout.")) -> None:
-    """List the tasks and their allowed paths."""
+    """List the tasks and their allowed paths.
+
+    A task whose ``task.toml`` does not load is listed as invalid and its whole error is printed on
+    stderr (one line per task); the valid tasks are still listed, and the exit code is then 2.
+    """
     from workbench.taskspec import list_task_ids, load_task
 
     root = _root(repo)
     t = Table(title="tasks")
     for col in ("task", "op", "target", "allowed paths", "workloads"):
         t.add_column(col)
+    problems: list[WorkbenchError] = []
     for tid in list_task_ids(root):
         try:
             s = load_task(root, tid)
         except WorkbenchError as exc:
-            t.add_row(tid, "[red]invalid[/]", str(exc)[:80], "", "")
+            problems.append(exc)
+            t.add_row(tid, "[red]invalid[/]", "see the error below", "", "")
             continue
         t.add_row(tid, s.op, s.target, ", ".join(s.allowed_paths), str(len(s.correctness.workloads)))
     console.print(t)
+    for exc in problems:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+    if problems:
+        raise typer.Exit(EXIT_ERROR)
 
 
 def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device: str, seed: Optional[int]) -> bool:

@@ -50,6 +50,21 @@ def open_repo(path: Path) -> git.Repo:
     return repo
 
 
+def open_checkout(path: Path) -> Path:
+    """The root of the kernel-workbench checkout containing ``path`` (a git repository with ``tasks/``
+    and ``k3_model/``).
+
+    Raises:
+        RepoError: ``path`` is not inside a git repository, the repository has no commit, or it is not a
+            kernel-workbench checkout.
+    """
+    root = Path(open_repo(path).working_dir)
+    if not (root / "tasks").is_dir() or not (root / "k3_model").is_dir():
+        raise RepoError(f"{root} is a git repository but not a kernel-workbench checkout (no tasks/ and k3_model/); "
+                        "run the workbench from a clone of kernel-workbench or pass --repo.")
+    return root
+
+
 @contextlib.contextmanager
 def git_lock(repo_root: Path) -> Iterator[None]:
     """Exclusive lock for operations that change git state shared by all worktrees."""
@@ -105,8 +120,34 @@ def classify_source(repo: git.Repo, source: str) -> str:
         ) from None
 
 
+RUN_NUMBERS_FILE = "run_numbers.json"
+"""Under ``.workbench/``: the highest run number handed out per task (a high-water mark)."""
+
+
+def _read_run_numbers(root: Path) -> dict[str, int]:
+    """``{task_id: highest run number handed out}``; a missing or unreadable file is empty (the branches
+    and worktrees that still exist then bound the next number)."""
+    import json
+
+    try:
+        data = json.loads((state_dir(root) / RUN_NUMBERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and type(v) is int} if isinstance(data, dict) else {}
+
+
 def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
-    used = [0]
+    """The next run number of ``task_id``, recorded before it is returned (call under :func:`git_lock`).
+
+    Above every existing ``wb/<task_id>/<n>`` branch and ``<task_id>-<n>`` worktree and above the
+    high-water mark in ``.workbench/run_numbers.json``, so a number is never handed out twice, not even
+    after ``workbench clean --branches`` removed the branches and worktrees that used it.
+    """
+    import json
+    import os
+
+    numbers = _read_run_numbers(root)
+    used = [numbers.get(task_id, 0)]
     for head in repo.heads:
         m = re.fullmatch(rf"wb/{re.escape(task_id)}/(\d+)", head.name)
         if m:
@@ -117,7 +158,14 @@ def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
             m = re.fullmatch(rf"{re.escape(task_id)}-(\d+)", p.name)
             if m:
                 used.append(int(m.group(1)))
-    return max(used) + 1
+    n = max(used) + 1
+    numbers[task_id] = n
+    path = state_dir(root) / RUN_NUMBERS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # atomic: a killed run leaves the old mark or the new one
+    return n
 
 
 def _commit_all(wt_repo: git.Repo, message: str) -> str:
@@ -366,30 +414,131 @@ def resolve_branch(repo_root: Path, name: str) -> str:
     )
 
 
-def clean_worktrees(repo_root: Path, *, delete_branches: bool = False) -> tuple[int, int]:
-    """Remove every candidate worktree; optionally delete ``wb/*`` branches the review queue does not hold.
+DEFAULT_CLEAN_AGE_DAYS = 7.0
+"""``workbench clean`` removes worktrees last used more than this many days ago (days)."""
+
+HELD_STATES = ("queued", "approved", "stale")
+"""Review states whose candidate's worktree ``clean`` keeps (a person may still look at it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanReport:
+    """What :func:`clean_worktrees` did.
+
+    Attributes:
+        removed: worktrees removed (count).
+        kept_recent: worktrees kept because they were used within ``older_than_days`` (count).
+        kept_held: worktrees kept because a review item not yet decided holds their branch (count).
+        deleted_branches: ``wb/*`` branches deleted (count).
+        freed_bytes: disk space of the removed worktrees (bytes, file sizes, links not followed).
+    """
+
+    removed: int
+    kept_recent: int
+    kept_held: int
+    deleted_branches: int
+    freed_bytes: int
+
+
+def _queue_branches(root: Path, states: tuple[str, ...] | None = None) -> set[str]:
+    """Branches named by the default review queue (``.workbench/queue.db``), optionally only items in
+    ``states``; no queue, or an unreadable one, names none."""
+    db = state_dir(root) / "queue.db"
+    if not db.is_file():
+        return set()
+    import sqlite3
+
+    query, args = "select branch from review_items", ()
+    if states:
+        query += f" where state in ({', '.join('?' * len(states))})"
+        args = states
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        with contextlib.suppress(sqlite3.Error):
+            return {row[0] for row in con.execute(query, args)}
+    return set()
+
+
+def _worktree_branches(repo: git.Repo) -> dict[Path, str]:
+    """``{worktree folder: branch name}`` from ``git worktree list --porcelain`` (detached ones left out)."""
+    out: dict[Path, str] = {}
+    path = None
+    for line in repo.git.worktree("list", "--porcelain").splitlines():
+        if line.startswith("worktree "):
+            path = Path(line[len("worktree "):]).resolve()
+        elif line.startswith("branch refs/heads/") and path is not None:
+            out[path] = line[len("branch refs/heads/"):]
+    return out
+
+
+def _last_used_s(wt: Path) -> float:
+    """When a worktree was last changed (seconds since the epoch): its folder, its ``.git`` file and its
+    git admin folder's HEAD, index and reflog (a commit of an agent's attempt touches those)."""
+    paths = [wt, wt / ".git"]
+    with contextlib.suppress(OSError, IndexError):
+        admin = Path((wt / ".git").read_text().split("gitdir:", 1)[1].strip())
+        paths += [admin / "HEAD", admin / "index", admin / "logs" / "HEAD"]
+    return max((p.lstat().st_mtime for p in paths if p.exists() or p.is_symlink()), default=0.0)
+
+
+def _tree_bytes(path: Path) -> int:
+    """Sum of the sizes of the files under ``path`` (bytes; links counted as links, never followed)."""
+    import os
+
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def clean_worktrees(repo_root: Path, *, delete_branches: bool = False,
+                    older_than_days: float = DEFAULT_CLEAN_AGE_DAYS) -> CleanReport:
+    """Remove candidate worktrees of finished runs; optionally delete ``wb/*`` branches the queue does not hold.
+
+    A worktree is removed when it was last used more than ``older_than_days`` days ago (0: every one) and
+    no review item in a state of :data:`HELD_STATES` names its branch. A run still in progress uses its
+    worktree now, so it is never old enough.
+
+    Args:
+        repo_root: the workbench's checkout.
+        delete_branches: also delete every ``wb/*`` branch no review item names (a branch still checked out
+            in a kept worktree stays).
+        older_than_days: age in days (>= 0) below which a worktree is kept.
 
     Returns:
-        ``(worktrees_removed, branches_deleted)``.
+        A :class:`CleanReport` (counts and the bytes freed).
+
+    Raises:
+        RepoError: ``repo_root`` is not in a git repository.
+        ValueError: ``older_than_days`` is negative.
     """
+    import time
+
+    if older_than_days < 0:
+        raise ValueError(f"--older-than-days {older_than_days:g}: expected a number of days >= 0 (0 removes "
+                         "every worktree the review queue does not hold).")
     repo = open_repo(repo_root)
     root = Path(repo.working_dir)
     wt_dir = state_dir(root) / "worktrees"
-    removed = 0
+    removed = kept_recent = kept_held = freed = 0
     if wt_dir.is_dir():
+        held = _queue_branches(root, HELD_STATES)
+        branches = _worktree_branches(repo)
+        cutoff = time.time() - older_than_days * 86400.0
         for wt in sorted(wt_dir.iterdir()):
-            remove_candidate(root, wt)
-            removed += 1
+            if branches.get(wt.resolve()) in held:
+                kept_held += 1
+            elif older_than_days > 0 and _last_used_s(wt) > cutoff:
+                kept_recent += 1
+            else:
+                size = _tree_bytes(wt)
+                remove_candidate(root, wt)
+                freed += size
+                removed += 1
     deleted = 0
     if delete_branches:
-        keep: set[str] = set()
-        db = state_dir(root) / "queue.db"
-        if db.is_file():
-            import sqlite3
-
-            with contextlib.closing(sqlite3.connect(db)) as con:
-                with contextlib.suppress(sqlite3.Error):
-                    keep = {row[0] for row in con.execute("select branch from review_items")}
+        keep = _queue_branches(root)
         with git_lock(root):
             for head in list(repo.heads):
                 if head.name.startswith("wb/") and head.name not in keep and head.name != repo.active_branch.name:
@@ -398,4 +547,4 @@ def clean_worktrees(repo_root: Path, *, delete_branches: bool = False) -> tuple[
                         deleted += 1
                     except git.GitCommandError:  # checked out in another worktree: leave it
                         continue
-    return removed, deleted
+    return CleanReport(removed, kept_recent, kept_held, deleted, freed)

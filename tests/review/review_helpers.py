@@ -30,3 +30,44 @@ class Repo:
         from workbench.review.service import open_store
 
         return open_store(self.root)
+
+
+def make_checkout(dest: Path) -> Path:
+    """A minimal kernel-workbench checkout (``tasks/`` and ``k3_model/``, one commit on ``main``) for the
+    review commands that need no real result file: no pipeline run, so no perf noise."""
+    for d in ("tasks", "k3_model"):
+        (dest / d).mkdir(parents=True)
+        (dest / d / "README.md").write_text(f"{d}\n")
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "base")
+    return dest
+
+
+def add_item(store, n: int = 1):
+    """Queue ``n`` placeholder items straight into the store (their result files do not exist)."""
+    items = []
+    for i in range(1, n + 1):
+        item, _ = store.add(result_id=f"r{i}", result_path=f"/nowhere/r{i}.json", result_sha256="0" * 64,
+                            task_id="k3_moe_dispatch", branch=f"wb/k3_moe_dispatch/{i}", base_commit="a" * 40,
+                            candidate_commit="b" * 40, target_branch="main", who="test")
+        items.append(item)
+    return items
+
+
+def no_perf_result(dest: Path, *, accepted: bool = True):
+    """Write a result file with no perf rows (perf SKIP) under ``dest``; returns its path."""
+    from guards.verdict import Status, Verdict
+    from workbench.results import CandidateInfo, RunResult, perf_was_judged, write_result
+
+    verdicts = tuple(Verdict(guard=g, status=Status.PASS, summary="ok.")
+                     for g in ("isolation", "audit", "correctness", "activation", "model_eval"))
+    verdicts += (Verdict(guard="perf", status=Status.SKIP, summary="Not timed on this device."),)
+    r = RunResult(
+        result_id="k3_moe_dispatch-9-deadbeef", task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+        candidate=CandidateInfo(source="x", kind="folder", branch="wb/k3_moe_dispatch/9", worktree="/w",
+                                base_commit="b" * 40, candidate_commit="c" * 40),
+        environment={}, device="cpu", verdicts=verdicts, accepted=accepted, perf_judged=perf_was_judged(verdicts),
+        seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
+        started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
+    return write_result(r, dest)

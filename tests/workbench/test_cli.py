@@ -202,3 +202,32 @@ def test_perf_judged_needs_a_perf_verdict_that_is_not_skip(tmp_path):
     data["perf_judged"] = True  # but perf SKIPped
     with pytest.raises(pydantic.ValidationError, match="perf_judged is true but the perf guard has no verdict other than SKIP"):
         RunResult.model_validate(data)
+
+
+def test_tasks_shows_a_broken_task_toml_whole_and_exits_2(tmp_path):
+    """Issue 17 item 6.1: the whole error (not cut at 80 characters), the valid tasks still listed, exit 2."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from tests.conftest import REPO_ROOT, git
+    from workbench.cli import app
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "tasks/k3_moe_dispatch", repo / "tasks/k3_moe_dispatch", symlinks=True,
+                    ignore=shutil.ignore_patterns("fixtures", "__pycache__"))
+    (repo / "k3_model").mkdir()
+    (repo / "k3_model/__init__.py").write_text("")
+    broken = repo / "tasks/broken_task/task.toml"
+    broken.parent.mkdir()
+    broken.write_text("op = \n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    out = CliRunner().invoke(app, ["tasks", "--repo", str(repo)], env={"COLUMNS": "250"})
+    assert out.exit_code == 2, out.output
+    assert "k3_model/kernels/moe_dispatch/**" in out.stdout  # the valid task is still listed
+    assert "broken_task" in out.stdout and "invalid" in out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: Task 'broken_task' (")
+    assert lines[0].endswith("Fix the syntax.") and len(lines[0]) > 80  # the whole message, fix included

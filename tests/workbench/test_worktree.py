@@ -116,6 +116,85 @@ def test_resolve_branch_and_clean(fresh_repo):
     assert resolve_branch(fresh_repo, c.branch) == c.branch
     with pytest.raises(CandidateError, match="neither locally nor as origin/wb/nope"):
         resolve_branch(fresh_repo, "wb/nope")
-    removed, deleted = clean_worktrees(fresh_repo, delete_branches=True)
-    assert (removed, deleted) == (1, 1)
+    r = clean_worktrees(fresh_repo, delete_branches=True, older_than_days=0)
+    assert (r.removed, r.deleted_branches) == (1, 1)
     assert not c.worktree.exists() and c.branch not in _branches(fresh_repo)
+
+
+def _small_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-commit checkout (``tasks/``, ``k3_model/``) and an overlay folder that changes one file."""
+    root = tmp_path / "repo"
+    for d in ("tasks", "k3_model"):
+        (root / d).mkdir(parents=True)
+        (root / d / "README.md").write_text(f"{d}\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    overlay = tmp_path / "overlay"
+    (overlay / "k3_model").mkdir(parents=True)
+    (overlay / "k3_model/README.md").write_text("changed\n")
+    return root, overlay
+
+
+def test_run_numbers_are_never_reused_after_clean_branches(tmp_path):
+    """Issue 17 item 6.7: after `clean --branches` the next run used to be wb/<task>/1 again."""
+    import json
+
+    from workbench.worktree import clean_worktrees, create_agent_worktree
+
+    root, overlay = _small_repo(tmp_path)
+    assert [create_candidate(root, "t", str(overlay)).branch for _ in range(2)] == ["wb/t/1", "wb/t/2"]
+    clean_worktrees(root, delete_branches=True, older_than_days=0)
+    assert [b for b in _branches(root) if b.startswith("wb/")] == []
+    c = create_candidate(root, "t", str(overlay))
+    assert (c.branch, c.worktree.name) == ("wb/t/3", "t-3")
+    assert create_agent_worktree(root, "t").branch == "wb/t/4"  # agent runs share the counter
+    assert create_candidate(root, "other", str(overlay)).branch == "wb/other/1"  # one counter per task
+    assert json.loads((root / ".workbench/run_numbers.json").read_text()) == {"other": 1, "t": 4}
+
+
+def _age(wt: Path, days: float) -> None:
+    """Set the mtime of every file of a worktree and of its git admin folder ``days`` days back."""
+    import os
+    import time
+
+    admin = Path(git(wt, "rev-parse", "--absolute-git-dir"))
+    t = time.time() - days * 86400
+    for top in (wt, admin):
+        for p in [top, *top.rglob("*")]:
+            os.utime(p, (t, t), follow_symlinks=False)
+
+
+def test_clean_prunes_old_worktrees_keeps_recent_and_queued_and_says_what_it_freed(tmp_path):
+    """Issue 17 item 6.8: by default only worktrees unused for 7 days go; one the queue holds stays."""
+    from typer.testing import CliRunner
+
+    from workbench.cli import app
+    from workbench.review.store import ReviewStore
+    from workbench.worktree import _tree_bytes
+
+    root, overlay = _small_repo(tmp_path)
+    (overlay / "k3_model/big.bin").write_bytes(b"x" * 300_000)
+    old, recent, queued = (create_candidate(root, "t", str(overlay)) for _ in range(3))
+    _age(old.worktree, 8)
+    _age(queued.worktree, 30)
+    ReviewStore(f"sqlite:///{root / '.workbench/queue.db'}").add(
+        result_id="r", result_path="/r.json", result_sha256="0" * 64, task_id="t", branch=queued.branch,
+        base_commit=queued.base_commit, candidate_commit=queued.candidate_commit, target_branch="main", who="t")
+    size = _tree_bytes(old.worktree)
+    assert size > 300_000
+    out = CliRunner().invoke(app, ["clean", "--repo", str(root)])
+    assert out.exit_code == 0, out.output
+    from rich.filesize import decimal
+
+    assert out.stdout.strip() == (f"removed 1 worktree(s), freed {decimal(size)}; kept 1 used within 7 day(s) "
+                                  "and 1 held by the review queue")
+    assert not old.worktree.exists() and recent.worktree.is_dir() and queued.worktree.is_dir()
+    out = CliRunner().invoke(app, ["clean", "--older-than-days", "0", "--branches", "--repo", str(root)])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip().startswith("removed 1 worktree(s), freed ")
+    assert out.stdout.strip().endswith("; kept 1 held by the review queue; deleted 2 branch(es)")
+    assert not recent.worktree.exists() and queued.worktree.is_dir()
+    assert [b for b in _branches(root) if b.startswith("wb/")] == [queued.branch]
+    out = CliRunner().invoke(app, ["clean", "--older-than-days", "-1", "--repo", str(root)])
+    assert out.exit_code == 2 and "--older-than-days -1: expected a number of days >= 0" in out.stderr

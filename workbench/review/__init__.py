@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "approve": "service", "default_reviewer": "service", "open_store": "service", "reject": "service",
-    "submit_result": "service", "ReviewError": "store", "ReviewItem": "store", "ReviewStore": "store",
+    "submit_result": "service", "ReviewError": "store", "ReviewInputError": "store", "ReviewItem": "store", "ReviewStore": "store",
     "State": "store", "Transition": "store",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,8 @@
 """``workbench review list|show|approve|reject|submit`` and ``workbench ui``.
 
-Errors come back as one line on stderr and exit code 2; a refused approval (stale, a verdict not
-PASS, a conflicting merge) is exit code 1.
+Errors come back as one line on stderr. Exit code 2 for bad input (an unknown id, an empty reason, a
+store that cannot be opened) in every subcommand; exit code 1 when a review is refused on its merits
+(approve or reject of an item in the wrong state, stale, a verdict not PASS, a conflicting merge).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workbench.errors import WorkbenchError
@@ -28,14 +30,26 @@ REVIEWER_HELP = "Who reviews (default: git config user.name)."
 
 
 def _root(repo: Optional[Path]) -> Path:
-    from workbench.worktree import open_repo
+    """The kernel-workbench checkout (a git repository that is not one is refused: no queue is made there).
 
-    return Path(open_repo(repo or Path.cwd()).working_dir)
+    Raises:
+        RepoError: not inside a git repository, or not a kernel-workbench checkout.
+    """
+    from workbench.worktree import open_checkout
+
+    return open_checkout(repo or Path.cwd())
 
 
 def _fail(exc: Exception, code: int = 2) -> None:
-    err.print(f"[red]error:[/] {exc}", markup=True)
+    err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
     raise typer.Exit(code)
+
+
+def _refused_or_fail(exc: WorkbenchError) -> None:
+    """Exit 1 for a review refused on its merits, 2 for bad input (:class:`ReviewInputError`) and the rest."""
+    from workbench.review.store import ReviewError, ReviewInputError
+
+    _fail(exc, 1 if isinstance(exc, ReviewError) and not isinstance(exc, ReviewInputError) else 2)
 
 
 def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
@@ -59,11 +73,13 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
               f"(workbench review show {item.id})")
 
 
-def _open(db: Optional[str], repo: Optional[Path]):
+def _open(db: Optional[str], repo: Optional[Path], *, create: bool = False):
+    """The checkout and its queue; ``create`` only for commands that add to the queue (``submit``): the
+    others refuse a ``--db``/``$WORKBENCH_DB`` SQLite file that does not exist (a mistyped path)."""
     from workbench.review.service import open_store
 
     root = _root(repo)
-    return root, open_store(root, db)
+    return root, open_store(root, db, create=create)
 
 
 def _state_cell(state: str) -> str:
@@ -161,15 +177,12 @@ def approve(
 ) -> None:
     """Approve a queued candidate and merge it into its target branch (refused when stale or not all PASS)."""
     from workbench.review import service
-    from workbench.review.store import ReviewError
 
     try:
         root, store = _open(db, repo)
         item = service.approve(store, root, item_id, reviewer=reviewer or service.default_reviewer(root))
-    except ReviewError as exc:
-        _fail(exc, 1)
     except WorkbenchError as exc:
-        _fail(exc)
+        _refused_or_fail(exc)
     console.print(f"#{item.id} merged into {item.target_branch} as {item.merge_commit}")
 
 
@@ -183,15 +196,12 @@ def reject(
 ) -> None:
     """Reject a candidate with a reason."""
     from workbench.review import service
-    from workbench.review.store import ReviewError
 
     try:
         root, store = _open(db, repo)
         item = service.reject(store, item_id, reviewer=reviewer or service.default_reviewer(root), reason=reason)
-    except ReviewError as exc:
-        _fail(exc, 1)
     except WorkbenchError as exc:
-        _fail(exc)
+        _refused_or_fail(exc)
     console.print(f"#{item.id} rejected: {item.reason}")
 
 
@@ -206,7 +216,7 @@ def submit(
     from workbench.review import service
 
     try:
-        _, store = _open(db, repo)
+        _, store = _open(db, repo, create=True)
         item, created = service.submit_result(store, result_file, target_branch=target,
                                               who=service.default_reviewer(repo))
     except WorkbenchError as exc:
@@ -221,14 +231,47 @@ def ui(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
 ) -> None:
-    """Serve the review web UI (the queue, one page per candidate, approve/reject forms)."""
+    """Serve the review web UI (the queue, one page per candidate, approve/reject forms).
+
+    The port is bound before anything is printed, and the server is handed that socket: a port already
+    taken is a one-line error and exit 2, never a "serving" line followed by uvicorn's traceback.
+    """
     import uvicorn
 
     from workbench.review.web import create_app
 
     try:
         root, store = _open(db, repo)
+        sock = _bind(host, port)
     except WorkbenchError as exc:
         _fail(exc)
     console.print(f"review UI on http://{host}:{port}/ (queue {store.url}); Ctrl-C stops it")
-    uvicorn.run(create_app(store, root, reviewer=reviewer), host=host, port=port, log_level="warning")
+    config = uvicorn.Config(create_app(store, root, reviewer=reviewer), log_level="warning")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _bind(host: str, port: int):
+    """A listening TCP socket on ``host:port`` (uvicorn's own options: SO_REUSEADDR, IPv6 when ``host`` is one).
+
+    Raises:
+        WorkbenchError: the port is taken, the address is not this machine's, or the port is out of range.
+    """
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = "it is already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE else f"{type(exc).__name__}: {exc}"
+        raise WorkbenchError(f"workbench ui: cannot listen on {host}:{port} ({why}); pick a free port with "
+                             "--port N, or stop the program using it.") from None
+    sock.set_inheritable(True)
+    return sock

@@ -18,20 +18,28 @@ import git
 from guards.verdict import Status
 from workbench.errors import WorkbenchError
 from workbench.results import RunResult, file_sha256, read_result
-from workbench.worktree import git_lock
+from workbench.worktree import git_lock, state_dir
 from workbench.review import gitops
-from workbench.review.store import ReviewError, ReviewItem, ReviewStore, State, default_db_url
+from workbench.review.store import ReviewError, ReviewInputError, ReviewItem, ReviewStore, State, DB_ENV, default_db_url
 
 DEFAULT_TARGET = "main"
 
 
-def open_store(repo_root: Path, db: str | None = None) -> ReviewStore:
+def open_store(repo_root: Path, db: str | None = None, *, create: bool = True) -> ReviewStore:
     """The store at ``db`` (a SQLAlchemy URL), else ``$WORKBENCH_DB``, else ``.workbench/queue.db``.
 
+    The default ``.workbench/queue.db`` is made on first use. A URL that is given (``db`` or
+    ``$WORKBENCH_DB``) naming a SQLite file needs its folder to exist, and with ``create`` False (commands
+    that only read or change existing items) the file too: a mistyped path is an error, not a new empty queue.
+
     Raises:
-        ReviewError: the URL cannot be opened.
+        ReviewInputError: the URL cannot be opened, its SQLite folder does not exist, or (``create``
+            False) its SQLite file does not exist.
     """
-    return ReviewStore(db or default_db_url(repo_root))
+    if db or os.environ.get(DB_ENV, "").strip():
+        return ReviewStore(db or default_db_url(repo_root), create=create)
+    state_dir(Path(repo_root)).mkdir(parents=True, exist_ok=True)
+    return ReviewStore(default_db_url(repo_root), create=True)
 
 
 def default_reviewer(repo_root: Path | None = None) -> str:
@@ -211,11 +219,12 @@ def reject(store: ReviewStore, item_id: int, *, reviewer: str, reason: str) -> R
     """Reject with a reason (from queued, approved-but-unmerged, or stale).
 
     Raises:
-        ReviewError: empty reason, unknown id, or the item is already merged or rejected.
+        ReviewInputError: empty reason or unknown id.
+        ReviewError: the item is already merged or rejected.
     """
     reason = (reason or "").strip()
     if not reason:
-        raise ReviewError(f"Rejecting review item #{item_id} needs a reason; pass --reason TEXT "
+        raise ReviewInputError(f"Rejecting review item #{item_id} needs a reason; pass --reason TEXT "
                           "(what is wrong and what would fix it).")
     item = store.get(item_id)
     if item.state in (State.MERGED.value, State.REJECTED.value):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from sqlalchemy import (ForeignKey, Integer, String, Text, create_engine, event, func, select, update)
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
@@ -31,6 +31,11 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 
 class ReviewError(WorkbenchError):
     """A review operation cannot proceed (unknown id, wrong state, refused merge, bad store URL)."""
+
+
+class ReviewInputError(ReviewError):
+    """The request itself is wrong (unknown id, empty reason, a store that cannot be opened), as opposed
+    to a review refused on its merits (wrong state, stale, a verdict not PASS): the CLI exits 2, not 1."""
 
 
 class State(str, enum.Enum):
@@ -156,21 +161,44 @@ def _sqlite_pragmas(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _check_sqlite_path(url: str, *, create: bool) -> None:
+    """Refuse a SQLite file URL whose folder is missing, or whose file is missing when ``create`` is False.
+
+    Raises:
+        ReviewInputError: as above; the message names the path and how to fix it.
+        sqlalchemy.exc.ArgumentError: the URL is malformed.
+    """
+    parsed = make_url(url)
+    path = parsed.database
+    if not parsed.get_backend_name() == "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    p = Path(path).expanduser()
+    if not p.parent.is_dir():
+        raise ReviewInputError(
+            f"Review store {url!r}: folder {p.parent} does not exist; check the --db path (or ${DB_ENV}), "
+            "or create the folder first.")
+    if not create and not p.exists():
+        raise ReviewInputError(
+            f"Review store {url!r}: {p} does not exist and this command only works on an existing queue; "
+            f"check the --db path (or ${DB_ENV}); `workbench review submit` or an accepted run creates a queue.")
+
+
 class ReviewStore:
     """The queue: submit, list, get, and compare-and-set transitions.
 
     Args:
-        url: SQLAlchemy database URL; a SQLite file's folder is created.
+        url: SQLAlchemy database URL. A SQLite file's folder must exist (it is never created here).
+        create: whether a SQLite file that does not exist yet may be created (False: it must exist).
 
     Raises:
-        ReviewError: the URL is malformed or the database cannot be opened.
+        ReviewInputError: the URL is malformed, the database cannot be opened, a SQLite file's folder does
+            not exist, or ``create`` is False and the SQLite file does not exist.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, create: bool = True) -> None:
         self.url = url
         try:
-            if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-                Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            _check_sqlite_path(url, create=create)
             is_sqlite = url.startswith("sqlite")
             self.engine = create_engine(
                 url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {})
@@ -178,7 +206,7 @@ class ReviewStore:
                 _sqlite_pragmas(self.engine)
             _Base.metadata.create_all(self.engine)
         except (ArgumentError, OperationalError, ImportError) as exc:
-            raise ReviewError(
+            raise ReviewInputError(
                 f"Review store {url!r}: cannot open it ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
                 f"give a SQLAlchemy URL such as sqlite:///path/queue.db via --db or ${DB_ENV}."
             ) from None
@@ -200,12 +228,12 @@ class ReviewStore:
         """The item with this id, transitions loaded.
 
         Raises:
-            ReviewError: no such id.
+            ReviewInputError: no such id.
         """
         with self.session() as s:
             item = s.get(ReviewItem, item_id)
             if item is None:
-                raise ReviewError(
+                raise ReviewInputError(
                     f"Review item {item_id} does not exist in {self.url}; `workbench review list` shows the ids.")
             _ = list(item.transitions)
             return item
@@ -269,7 +297,8 @@ class ReviewStore:
         """Move an item from one of ``expected`` to ``new`` atomically, logging who and when.
 
         Raises:
-            ReviewError: unknown id, the transition is not allowed, or the item is no longer in an
+            ReviewInputError: unknown id.
+            ReviewError: the transition is not allowed, or the item is no longer in an
                 expected state (another reviewer got there first).
         """
         exp = [expected] if isinstance(expected, State) else list(expected)
@@ -282,7 +311,7 @@ class ReviewStore:
         with self.session() as s:
             current = s.get(ReviewItem, item_id)
             if current is None:
-                raise ReviewError(
+                raise ReviewInputError(
                     f"Review item {item_id} does not exist in {self.url}; `workbench review list` shows the ids.")
             old = current.state
             values: dict = {"state": new.value, "updated_at": at}

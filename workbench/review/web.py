@@ -4,20 +4,24 @@ Pages: ``/`` the queue; ``/items/{id}`` one candidate (task and declared scope, 
 evidence, perf table and speedup-vs-batch plot, the diff, the dispatch trace, the agent transcript,
 the reproduce command, approve/reject forms, the transition history). Forms POST to
 ``/items/{id}/approve`` and ``/items/{id}/reject`` with a per-server token, so another web page
-open in the same browser cannot approve a merge.
+open in the same browser cannot approve a merge. Errors (an unknown candidate or page, a bad form)
+are HTML pages with the status code, never JSON.
 """
 
 from __future__ import annotations
 
 import collections
 import secrets
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlencode
 
 import git
 from fastapi import FastAPI, Form, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.errors import WorkbenchError
 from workbench.review import gitops, service
@@ -42,6 +46,30 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
     templates = Jinja2Templates(directory=str(TEMPLATES))
     token = secrets.token_urlsafe(24)
     default_name = reviewer or service.default_reviewer(root)
+
+    @app.exception_handler(StarletteHTTPException)
+    def http_error(request: Request, exc: StarletteHTTPException):
+        detail = exc.detail if exc.status_code != 404 or exc.detail != "Not Found" else (
+            f"There is no page {request.url.path}; the queue lists every candidate.")
+        return error_page(request, exc.status_code, str(detail))
+
+    @app.exception_handler(RequestValidationError)
+    def bad_request(request: Request, exc: RequestValidationError):
+        in_path = any(e.get("loc", ("",))[0] == "path" for e in exc.errors())
+        if in_path:  # /items/abc: no such candidate, not a malformed form
+            return error_page(request, 404, f"There is no candidate {request.url.path.split('/')[2]!r}: "
+                                            "queue ids are numbers; the queue lists every candidate.")
+        return error_page(request, 422, "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}"
+                                                   for e in exc.errors()))
+
+    def error_page(request: Request, status: int, detail: str) -> HTMLResponse:
+        try:
+            title = HTTPStatus(status).phrase
+        except ValueError:
+            title = ""
+        return templates.TemplateResponse(request, "error.html", {
+            "status": status, "title": title, "detail": detail, "states": [s.value for s in State]},
+            status_code=status)
 
     def item_or_404(item_id: int):
         try:
