@@ -127,11 +127,12 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HE
 
 
 def _model_eval_vllm(on: bool) -> None:
-    """``--model-eval-vllm``: the model-eval guard reads its settings from the environment (guards/model_eval.py)."""
+    """``--model-eval-vllm``: the model-eval guard reads its settings from the environment (guards/model_eval.py),
+    so this exports ``WORKBENCH_MODEL_EVAL_VLLM=on`` (workbench/envs.py); the reproduce command repeats it."""
     if on:
-        import os
+        from workbench import envs
 
-        os.environ["WORKBENCH_MODEL_EVAL_VLLM"] = "on"
+        envs.MODEL_EVAL_VLLM.export("on")
 
 
 @app.command()

@@ -173,9 +173,9 @@ def judge_candidate(
 def _env_prefix() -> str:
     """``VAR=value `` for each ``WORKBENCH_MODEL_EVAL_*`` setting in effect (so the reproduce command
     reproduces the model eval's lengths and its vLLM leg; ``--model-eval-vllm`` sets one)."""
-    import os
+    from workbench import envs
 
-    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items()) if k.startswith("WORKBENCH_MODEL_EVAL_"))
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in envs.model_eval_overrides().items())
 
 
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,

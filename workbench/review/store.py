@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -23,9 +22,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
+from workbench import envs
 from workbench.errors import WorkbenchError
 
-DB_ENV = "WORKBENCH_DB"
+DB_ENV = envs.DB.name
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
@@ -126,7 +126,7 @@ def now_utc_us() -> str:
 
 def default_db_url(repo_root: Path) -> str:
     """``$WORKBENCH_DB`` when set, else SQLite at ``<repo_root>/.workbench/queue.db``."""
-    env = os.environ.get(DB_ENV, "").strip()
+    env = envs.DB.read().strip()
     if env:
         return env
     return f"sqlite:///{Path(repo_root).resolve() / '.workbench' / 'queue.db'}"
