@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from guards import progress
 from guards.base import GuardContext
 from guards.cases import Case, correctness_cases, load_task_module, rank_inputs
-from guards import progress
 from guards.sandbox import run_child, run_ranks
 from guards.verdict import Evidence, Status, Verdict
 

@@ -68,8 +68,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from guards.base import GuardContext
 from guards import progress
+from guards.base import GuardContext
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from workbench import envs
@@ -111,7 +111,7 @@ class ModelEvalSettings:
     vllm: str = "off"
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "ModelEvalSettings":
+    def from_env(cls, environ: dict[str, str] | None = None) -> ModelEvalSettings:
         """Defaults, overridden by ``WORKBENCH_MODEL_EVAL_<FIELD>`` variables (e.g. ``..._CONTEXT_TOKENS``),
         read through :data:`workbench.envs.MODEL_EVAL` from ``environ`` (default ``os.environ``).
 

@@ -29,8 +29,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from guards.sandbox import NO_MULTICAST_ENV, free_tcp_port
 from workbench import envs

@@ -14,7 +14,7 @@ interface a person can set by hand too.
 | variable | type | default | read by | meaning |
 |---|---|---|---|---|
 | ``WORKBENCH_DB`` | str | ``""`` (SQLite ``.workbench/queue.db``) | workbench/review/store.py | SQLAlchemy URL of the review queue |
-| ``WORKBENCH_BENCH_LOG_DIR`` | path | unset (temporary files) | workbench/bench_dist.py | folder that keeps each rank's log of ``workbench bench --world-size`` |
+| ``WORKBENCH_BENCH_LOG_DIR`` | path | unset (temporary files) | workbench/bench_dist.py | folder keeping each rank's log (``bench --world-size``) |
 | ``WORKBENCH_BENCH_HANG_DUMP_S`` | float | 600 | workbench/bench_dist.py (rank process) | seconds after which a rank dumps its stacks and exits |
 | ``WORKBENCH_MODEL_EVAL_BATCH`` | int | 2 | guards/model_eval.py | sequences decoded together |
 | ``WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS`` | int | 2048 | guards/model_eval.py | prompt length per sequence (tokens) |
@@ -25,7 +25,7 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_TIE_MARGIN`` | float | 2e-3 | guards/model_eval.py | top-1/top-2 gap below which a greedy flip is excused (nats) |
 | ``WORKBENCH_MODEL_EVAL_TIMEOUT_S`` | float | 900 | guards/model_eval.py | wall-clock limit of each model-eval child (seconds) |
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
-| ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to (bench/device_run.py) |
+| ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
 
 The workbench also *sets* variables that only the agent command reads (:data:`AGENT_VARIABLES`,

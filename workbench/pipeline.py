@@ -10,16 +10,24 @@ import secrets
 import shlex
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from guards import progress
 from guards.base import Guard, GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
 from workbench.errors import Interrupted
-from workbench.results import (CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, perf_was_judged,
-                               write_result)
+from workbench.results import (
+    CandidateInfo,
+    CaseResult,
+    PerfResult,
+    RunResult,
+    file_sha256,
+    now_utc,
+    perf_was_judged,
+    write_result,
+)
 from workbench.taskspec import TaskSpec, load_task
 from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
 
@@ -162,7 +170,8 @@ def judge_candidate(
         cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
         perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
         dispatch_trace=tuple(trace[:2000]),
-        command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} --base {cand.base_commit[:12]} --device {device} --seed {seed}"),
+        command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} "
+                                            f"--base {cand.base_commit[:12]} --device {device} --seed {seed}"),
         started_at=started,
         duration_s=round(time.monotonic() - t0, 3),
     )

@@ -185,9 +185,9 @@ def test_vllm_leg_unavailable_is_said_not_hidden(tmp_path, monkeypatch):
 
 
 def test_reproduce_command_carries_model_eval_settings(monkeypatch):
-    from workbench.pipeline import _env_prefix
-
     import os
+
+    from workbench.pipeline import _env_prefix
 
     for k in [k for k in os.environ if k.startswith("WORKBENCH_MODEL_EVAL_")]:
         monkeypatch.delenv(k)

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from review_helpers import REVIEWER, Repo, git
 
 PROJECT = Path(__file__).resolve().parents[2]

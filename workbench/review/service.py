@@ -18,9 +18,9 @@ import git
 from guards.verdict import Status
 from workbench.errors import WorkbenchError
 from workbench.results import RunResult, file_sha256, read_result
-from workbench.worktree import git_lock
 from workbench.review import gitops
 from workbench.review.store import ReviewError, ReviewItem, ReviewStore, State, default_db_url
+from workbench.worktree import git_lock
 
 DEFAULT_TARGET = "main"
 
