@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(out: str, device: str) -> None:
-    import torch
-
     import shutil
     import tempfile
+
+    import torch
 
     fixture = ROOT / "tasks/k3_moe_dispatch/fixtures/good" / ("triton-cuda" if device == "cuda" else "lean-torch-cpu")
     tree = Path(tempfile.mkdtemp(prefix="wb-overhead-"))

@@ -20,7 +20,6 @@ import io
 import os
 import struct
 import sys
-import threading
 import time
 import traceback
 
@@ -132,7 +131,6 @@ def _bind_torch():
 
 
 def _correctness_case(fn, fc, rt, req, case):
-    import torch
 
     device = req["device"]
     backend = req["decode_backend"]

@@ -12,13 +12,21 @@ import importlib.util
 import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from workbench.errors import TaskSpecError
-from workbench.taskspec import (DomainSpec, DomainValueSpec, TaskSpec, WorkloadSpec, check_constraint,
-                                eval_constraint, eval_dim)
+from workbench.taskspec import (
+    DomainSpec,
+    DomainValueSpec,
+    TaskSpec,
+    WorkloadSpec,
+    check_constraint,
+    eval_constraint,
+    eval_dim,
+)
 
 INT_POISON = -7777
 """Value written into integer outputs before each call (never a valid id, index or count)."""

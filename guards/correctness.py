@@ -12,9 +12,8 @@ Source: issue 2 guard 2; DESIGN.md "Trust model".
 
 from __future__ import annotations
 
-from typing import Any
-
 import time
+from typing import Any
 
 from guards import progress
 from guards.base import GuardContext

@@ -33,8 +33,9 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from guards import _protocol as P
 from guards import progress
@@ -61,7 +62,7 @@ def export_tree(repo_root: Path, commit: str, dest: Path, paths: tuple[str, ...]
         f.seek(0)
         with tarfile.open(fileobj=f) as tar:
             tar.extractall(dest, filter="data")
-    for root, dirs, files in os.walk(dest):
+    for root, _dirs, files in os.walk(dest):
         os.chmod(root, 0o755)
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)

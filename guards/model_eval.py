@@ -65,17 +65,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
-from guards.base import GuardContext
 from guards import progress
+from guards.base import GuardContext
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
+from workbench import envs
 
 LS = "latency_specialized"
-ENV_PREFIX = "WORKBENCH_MODEL_EVAL_"
+ENV_PREFIX = envs.MODEL_EVAL_PREFIX
 VLLM_MODES = ("off", "on", "only")
 VLLM_DTYPE = "float32"
 """The vLLM leg's model dtype: the standalone leg's, the dtype the drift bound was measured in, and the
@@ -111,21 +111,18 @@ class ModelEvalSettings:
     vllm: str = "off"
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "ModelEvalSettings":
-        """Defaults, overridden by ``WORKBENCH_MODEL_EVAL_<FIELD>`` variables (e.g. ``..._CONTEXT_TOKENS``).
+    def from_env(cls, environ: dict[str, str] | None = None) -> ModelEvalSettings:
+        """Defaults, overridden by ``WORKBENCH_MODEL_EVAL_<FIELD>`` variables (e.g. ``..._CONTEXT_TOKENS``),
+        read through :data:`workbench.envs.MODEL_EVAL` from ``environ`` (default ``os.environ``).
 
         Raises:
-            ValueError: a variable is not a number of the field's type.
+            workbench.envs.EnvVarError: a variable is not a value of the field's type (a ``ValueError``).
         """
-        env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                try:
-                    values[f.name] = type(f.default)(raw)
-                except ValueError:
-                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()}={raw!r}: expected a {type(f.default).__name__}.") from None
+            var = envs.MODEL_EVAL[f.name]
+            if var.raw(environ) is not None:
+                values[f.name] = var.read(environ)
         return cls(**values)
 
     def validate(self) -> None:

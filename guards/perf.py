@@ -14,15 +14,14 @@ Source: issue 2 guard 4; kernels/stats.py for the statistics.
 
 from __future__ import annotations
 
+import random
 import tempfile
 from pathlib import Path
 
-import random
-
+from guards import progress
 from guards.activation import claims
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
-from guards import progress
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater

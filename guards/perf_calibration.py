@@ -26,8 +26,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 SLOWDOWNS_PCT = (3.0, 10.0)
 GRID_MAX_REGRESSION_PCT = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0)

@@ -43,8 +43,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from guards._protocol import NONCE_BYTES, RESPONSE_MAGIC
 

@@ -61,7 +61,7 @@ class Verdict(BaseModel):
     duration_s: float = 0.0
 
     @model_validator(mode="after")
-    def _status_needs(self) -> "Verdict":
+    def _status_needs(self) -> Verdict:
         if self.status is Status.FAIL and not self.evidence:
             raise ValueError(
                 f"Verdict of guard '{self.guard}': status FAIL needs at least one evidence item; "
@@ -69,7 +69,7 @@ class Verdict(BaseModel):
             )
         return self
 
-    def with_duration(self, duration_s: float) -> "Verdict":
+    def with_duration(self, duration_s: float) -> Verdict:
         """Return a copy carrying the measured duration (seconds)."""
         return self.model_copy(update={"duration_s": round(duration_s, 4)})
 

@@ -8,7 +8,8 @@ K3-mini §9: hidden 256, 32 experts, top-4).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -50,7 +51,7 @@ class K3Config(BaseModel):
     decode_backend: Literal["standard", "latency_specialized"] = "standard"
 
     @model_validator(mode="after")
-    def _consistent(self) -> "K3Config":
+    def _consistent(self) -> K3Config:
         if self.num_experts % self.n_group:
             raise ValueError(
                 f"num_experts ({self.num_experts}) must be a multiple of n_group ({self.n_group})"
@@ -66,7 +67,7 @@ class K3Config(BaseModel):
         return self
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any], *, name: str = "kimi_k3", **overrides: Any) -> "K3Config":
+    def from_hf(cls, config: Mapping[str, Any], *, name: str = "kimi_k3", **overrides: Any) -> K3Config:
         """Read the routing fields from a HF ``kimi_k3`` config (``text_config`` of model_type kimi_linear).
 
         Args:

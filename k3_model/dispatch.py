@@ -25,7 +25,8 @@ import contextvars
 import dataclasses
 import importlib
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 logger = logging.getLogger("k3_model.dispatch")
 
@@ -114,7 +115,7 @@ class OpScope:
             raise ScopeError(f"OpScope batch range [{self.batch_min}, {self.batch_max}] is empty or below 1; "
                              "declare 1 <= batch_min <= batch_max.")
 
-    def covers(self, batch: "BatchInfo") -> tuple[bool, str]:
+    def covers(self, batch: BatchInfo) -> tuple[bool, str]:
         """Whether ``batch`` is inside this scope, and the reason in words."""
         checks = (
             (batch.phase in self.phases, f"phase {batch.phase!r} not in {list(self.phases)}"),

@@ -13,8 +13,9 @@ Source: shared/reference/k3_architecture.md §1 (config.json, 1-indexed layer li
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -97,7 +98,7 @@ class K3TextConfig(_Cfg):
     quantization_config: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "K3TextConfig":
+    def _consistent(self) -> K3TextConfig:
         la, L = self.linear_attn_config, self.num_hidden_layers
         full, kda = list(la.full_attn_layers), list(la.kda_layers)
         if sorted(full + kda) != list(range(1, L + 1)):
@@ -187,7 +188,7 @@ class K3HFConfig(_Cfg):
     vision_config: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _ids_in_vocab(self) -> "K3HFConfig":
+    def _ids_in_vocab(self) -> K3HFConfig:
         V = self.text_config.vocab_size
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(self, name) >= V:

@@ -178,7 +178,7 @@ class KDAState:
     conv: torch.Tensor
 
     @classmethod
-    def zeros(cls, batch: int, heads: int, head_dim: int, conv_width: int, device: torch.device | str) -> "KDAState":
+    def zeros(cls, batch: int, heads: int, head_dim: int, conv_width: int, device: torch.device | str) -> KDAState:
         """A fresh state (no tokens seen): zeros, so the conv sees zero padding before the first token."""
         P = heads * head_dim
         return cls(torch.zeros(batch, heads, head_dim, head_dim, dtype=torch.float32, device=device),

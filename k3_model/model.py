@@ -19,7 +19,7 @@ Source: shared/reference/k3_architecture.md §2 (weights), §3 (layer plan), §4
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F

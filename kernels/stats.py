@@ -9,7 +9,7 @@ Mann & Whitney (1947), U test with the normal approximation and tie correction.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def median(xs: Sequence[float]) -> float:

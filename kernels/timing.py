@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -78,7 +78,7 @@ def capture_graph(
     refresh_inputs: Callable[[], None] | None = None,
     warmup: int = 3,
     verify: Callable[[], Sequence[str]] | None = None,
-) -> "torch.cuda.CUDAGraph":
+) -> torch.cuda.CUDAGraph:
     """Capture ``fn`` into a CUDA graph and prove that a replay recomputes ``outputs``.
 
     Args:
@@ -134,7 +134,7 @@ def _unwritten(t: torch.Tensor) -> int:
 
 
 def check_graph_replay(
-    graph: "torch.cuda.CUDAGraph",
+    graph: torch.cuda.CUDAGraph,
     fn: Callable[[], object],
     outputs: Sequence[torch.Tensor],
     refresh_inputs: Callable[[], None] | None = None,

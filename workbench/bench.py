@@ -26,8 +26,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 VARIANTS = ("standard_eager", "standard_graph", "standard_compile", "kernel_eager", "kernel_graph")

@@ -29,10 +29,12 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from guards.sandbox import NO_MULTICAST_ENV, free_tcp_port
+from workbench import envs
 
 VARIANTS = ("standard_eager", "standard_graph", "kernel_eager", "kernel_graph")
 LARGE_ALLREDUCE_BYTES = 256 * 2**20
@@ -64,8 +66,8 @@ def run_bench_distributed(root: Path, task, worktree: Path, *, candidate: str | 
                     "batches": list(batches), "workload": workload or task.perf.workloads[0],
                     "repetitions": repetitions, "out": str(out), "candidate": candidate,
                     "rank": rank, "world": world, "init": init}
-            log_dir = os.environ.get("WORKBENCH_BENCH_LOG_DIR")  # kept when set (a killed run leaves its logs)
-            log = (open(Path(log_dir) / f"{task.task_id}_tp{world}_rank{rank}.log", "w+") if log_dir
+            log_dir = envs.BENCH_LOG_DIR.read()  # kept when set (a killed run leaves its logs)
+            log = (open(log_dir / f"{task.task_id}_tp{world}_rank{rank}.log", "w+") if log_dir
                    else tempfile.TemporaryFile("w+"))  # not in out_dir: result folders hold results only
             logs.append(log)
             # started from the workbench checkout (its harness); the rank puts the worktree first on
@@ -257,7 +259,7 @@ def main(argv: list[str]) -> int:
     args = json.loads(argv[0])
     import faulthandler
 
-    faulthandler.dump_traceback_later(float(os.environ.get("WORKBENCH_BENCH_HANG_DUMP_S", 600)), exit=True)
+    faulthandler.dump_traceback_later(envs.BENCH_HANG_DUMP_S.read(), exit=True)
     sys.path.insert(0, str(Path(args["worktree"]).resolve()))  # before k3_model is imported: the candidate's
     result = _measure(args)
     if result is not None:

@@ -12,8 +12,8 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -32,7 +32,7 @@ STATUS_STYLE = {"PASS": "green", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim
 ACCEPTANCE_STYLE = {"accepted": "green", "correct_perf_not_judged": "yellow", "rejected": "red"}
 
 
-def _root(repo: Optional[Path]) -> Path:
+def _root(repo: Path | None) -> Path:
     from workbench.worktree import open_checkout
 
     try:
@@ -123,31 +123,34 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HE
 
 
 def _model_eval_vllm(on: bool) -> None:
-    """``--model-eval-vllm``: the model-eval guard reads its settings from the environment (guards/model_eval.py)."""
+    """``--model-eval-vllm``: the model-eval guard reads its settings from the environment (guards/model_eval.py),
+    so this exports ``WORKBENCH_MODEL_EVAL_VLLM=on`` (workbench/envs.py); the reproduce command repeats it."""
     if on:
-        import os
+        from workbench import envs
 
-        os.environ["WORKBENCH_MODEL_EVAL_VLLM"] = "on"
+        envs.MODEL_EVAL_VLLM.export("on")
 
 
 @app.command()
 def run(
     task_id: str = typer.Argument(..., help="Task id (a folder under tasks/)."),
-    candidate: Optional[str] = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch (the patch backend)."),
-    base: Optional[str] = typer.Option(None, help="Base revision (default HEAD; for a branch, its merge-base)."),
+    candidate: str | None = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch (the patch backend)."),
+    base: str | None = typer.Option(None, help="Base revision (default HEAD; for a branch, its merge-base)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
-    seed: Optional[int] = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
+    seed: int | None = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
-    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM (CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
+    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "
+        "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
     agent: str = typer.Option("patch", "--agent", help="patch (judge --candidate), anthropic (API tool loop) or command (--agent-cmd)."),
     attempts: int = typer.Option(1, "--attempts", help="Attempts; after a rejection the agent gets the evidence and tries again."),
-    agent_cmd: Optional[str] = typer.Option(None, "--agent-cmd", help="Command template for --agent command, e.g. 'claude -p {prompt}'."),
-    agent_env: Optional[list[str]] = typer.Option(None, "--agent-env", help="Variable passed to the command agent (repeatable); it gets no others but PATH, LANG, LC_ALL, TERM, TZ."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model for --agent anthropic (default claude-sonnet-4-6)."),
-    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
-    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
+    agent_cmd: str | None = typer.Option(None, "--agent-cmd", help="Command template for --agent command, e.g. 'claude -p {prompt}'."),
+    agent_env: list[str] | None = typer.Option(None, "--agent-env", help="Variable passed to the command agent "
+        "(repeatable); it gets no others but PATH, LANG, LC_ALL, TERM, TZ."),
+    model: str | None = typer.Option(None, "--model", help="Model for --agent anthropic (default claude-sonnet-4-6)."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Judge a candidate (--candidate), or let an agent write one (--agent anthropic|command) and judge each attempt."""
@@ -172,10 +175,10 @@ def run(
     raise typer.Exit(_exit_code(result))
 
 
-def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attempts: int, agent_cmd: Optional[str],
-                   agent_env: list[str], model: Optional[str], max_turns: Optional[int], max_tokens: Optional[int],
-                   budget_s: Optional[float], base: Optional[str], device: str, seed: Optional[int],
-                   repo: Optional[Path], no_queue: bool = False) -> None:
+def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts: int, agent_cmd: str | None,
+                   agent_env: list[str], model: str | None, max_turns: int | None, max_tokens: int | None,
+                   budget_s: float | None, base: str | None, device: str, seed: int | None,
+                   repo: Path | None, no_queue: bool = False) -> None:
     """``run --agent ...``: build the backend from the options, run the attempts, print each verdict."""
     log = logging.getLogger("workbench.cli")
     try:
@@ -245,12 +248,13 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: Optional[str], attemp
 def verify(
     task_id: str = typer.Argument(..., help="Task id."),
     branch: str = typer.Option(..., "--branch", "-b", help="Branch (or commit) holding the candidate."),
-    base: Optional[str] = typer.Option(None, help="Base revision (default: merge-base with HEAD)."),
+    base: str | None = typer.Option(None, help="Base revision (default: merge-base with HEAD)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
-    seed: Optional[int] = typer.Option(None, help="Run-time seed."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    seed: int | None = typer.Option(None, help="Run-time seed."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
-    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM (CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
+    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "
+        "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
@@ -278,7 +282,7 @@ def verify(
 def clean(
     branches: bool = typer.Option(False, "--branches", help="Also delete wb/* branches that the review queue does not reference."),
     older_than_days: float = typer.Option(7.0, "--older-than-days", help="Remove worktrees last used more than this many days ago (0: all)."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout."),
 ) -> None:
     """Remove worktrees of finished runs under .workbench/worktrees (result files, transcripts and the queue stay).
 
@@ -337,7 +341,7 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
 
 
 @app.command()
-def tasks(repo: Optional[Path] = typer.Option(None, help="The workbench checkout.")) -> None:
+def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")) -> None:
     """List the tasks and their allowed paths.
 
     A task whose ``task.toml`` does not load is listed as invalid and its whole error is printed on
@@ -365,7 +369,7 @@ def tasks(repo: Optional[Path] = typer.Option(None, help="The workbench checkout
         raise typer.Exit(EXIT_ERROR)
 
 
-def _judge_fixtures(root: Path, task_id: str, names: Optional[list[str]], device: str, seed: Optional[int]) -> bool:
+def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: str, seed: int | None) -> bool:
     from workbench.fixtures import fixture_outcome_ok, list_fixtures
     from workbench.pipeline import detect_device, run_candidate
     from workbench.taskspec import load_task
@@ -414,7 +418,7 @@ def demo(
     task_id: str = typer.Option("k3_moe_dispatch", "--task", help="Task whose fixtures to judge."),
     bad: str = typer.Option("correctness-wrong-at-batch-33", help="The bad fixture judged after the good one."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """The main job on the embedded default: judge the task's good fixture and one bad fixture."""
@@ -436,9 +440,9 @@ def demo(
 @app.command()
 def selftest(
     task_id: str = typer.Argument(..., help="Task id."),
-    fixture: Optional[list[str]] = typer.Option(None, "--fixture", "-f", help="Only these fixtures (repeatable)."),
+    fixture: list[str] | None = typer.Option(None, "--fixture", "-f", help="Only these fixtures (repeatable)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Judge every fixture of a task: good ones must be accepted, bad ones rejected by the guard their name says."""
@@ -453,7 +457,7 @@ def selftest(
 @app.command()
 def check(
     task_id: str = typer.Argument(..., help="Task id."),
-    base: Optional[str] = typer.Option(None, help="Base commit the candidate is judged against (the brief gives it; default HEAD)."),
+    base: str | None = typer.Option(None, help="Base commit the candidate is judged against (the brief gives it; default HEAD)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     no_perf: bool = typer.Option(False, "--no-perf", help="Skip the quick perf estimate."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
@@ -487,14 +491,15 @@ def check(
 @app.command()
 def bench(
     task_id: str = typer.Argument(..., help="Task id."),
-    candidate: Optional[str] = typer.Option(None, "--candidate", "-c", help="Overlay folder, patch or branch with the kernel."),
+    candidate: str | None = typer.Option(None, "--candidate", "-c", help="Overlay folder, patch or branch with the kernel."),
     device: str = typer.Option("cuda", help="cuda (the benchmark times GPU kernels)."),
-    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeatable; default 1 2 4 8 16 32 64)."),
-    out: Optional[Path] = typer.Option(None, help="Output folder (default bench/results/local)."),
+    batch: list[int] | None = typer.Option(None, "--batch", help="Batch sizes (repeatable; default 1 2 4 8 16 32 64)."),
+    out: Path | None = typer.Option(None, help="Output folder (default bench/results/local)."),
     repetitions: int = typer.Option(200, help="Timed calls per side and pair."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the standard path."),
-    world_size: Optional[list[int]] = typer.Option(None, "--world-size", help="Distributed tasks: TP sizes to sweep (repeatable; default the task's sizes above 1 that fit the GPUs)."),
-    repo: Optional[Path] = typer.Option(None, help="The workbench checkout."),
+    world_size: list[int] | None = typer.Option(None, "--world-size", help="Distributed tasks: TP sizes to "
+        "sweep (repeatable; default the task's sizes above 1 that fit the GPUs)."),
+    repo: Path | None = typer.Option(None, help="The workbench checkout."),
 ) -> None:
     """Benchmark the standard path (eager, CUDA graph, torch.compile) against a kernel over decode batches."""
     from workbench.bench import DEFAULT_BATCHES, run_bench

@@ -10,16 +10,24 @@ import secrets
 import shlex
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from guards import progress
 from guards.base import Guard, GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
 from workbench.errors import Interrupted
-from workbench.results import (CandidateInfo, CaseResult, PerfResult, RunResult, file_sha256, now_utc, perf_was_judged,
-                               write_result)
+from workbench.results import (
+    CandidateInfo,
+    CaseResult,
+    PerfResult,
+    RunResult,
+    file_sha256,
+    now_utc,
+    perf_was_judged,
+    write_result,
+)
 from workbench.taskspec import TaskSpec, load_task
 from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
 
@@ -162,7 +170,8 @@ def judge_candidate(
         cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
         perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
         dispatch_trace=tuple(trace[:2000]),
-        command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} --base {cand.base_commit[:12]} --device {device} --seed {seed}"),
+        command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} "
+                                            f"--base {cand.base_commit[:12]} --device {device} --seed {seed}"),
         started_at=started,
         duration_s=round(time.monotonic() - t0, 3),
     )
@@ -173,9 +182,9 @@ def judge_candidate(
 def _env_prefix() -> str:
     """``VAR=value `` for each ``WORKBENCH_MODEL_EVAL_*`` setting in effect (so the reproduce command
     reproduces the model eval's lengths and its vLLM leg; ``--model-eval-vllm`` sets one)."""
-    import os
+    from workbench import envs
 
-    return "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(os.environ.items()) if k.startswith("WORKBENCH_MODEL_EVAL_"))
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in envs.model_eval_overrides().items())
 
 
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,

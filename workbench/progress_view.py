@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.live import Live

@@ -9,8 +9,9 @@ import datetime as _dt
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -185,7 +186,7 @@ class RunResult(_Model):
     duration_s: float
 
     @model_validator(mode="after")
-    def _perf_judged_needs_a_perf_verdict(self) -> "RunResult":
+    def _perf_judged_needs_a_perf_verdict(self) -> RunResult:
         if self.perf_judged and not any(v.guard == "perf" and v.status is not Status.SKIP for v in self.verdicts):
             raise ValueError("perf_judged is true but the perf guard has no verdict other than SKIP; "
                              "set perf_judged from the verdicts (workbench.results.perf_was_judged).")
@@ -213,7 +214,7 @@ class RunResult(_Model):
 
 def now_utc() -> str:
     """Current UTC time, ISO 8601, seconds precision."""
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def write_result(result: RunResult, results_dir: Path) -> Path:

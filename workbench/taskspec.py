@@ -15,8 +15,9 @@ import ast
 import functools
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -310,7 +311,7 @@ class ScopeSpec(_Frozen):
     batch_max: int = Field(ge=1)
 
     @model_validator(mode="after")
-    def _range(self) -> "ScopeSpec":
+    def _range(self) -> ScopeSpec:
         if self.batch_max < self.batch_min:
             raise ValueError(f"batch_max ({self.batch_max}) is below batch_min ({self.batch_min})")
         return self
@@ -344,7 +345,7 @@ class DomainValueSpec(_Frozen):
     note: str = ""
 
     @model_validator(mode="after")
-    def _form(self) -> "DomainValueSpec":
+    def _form(self) -> DomainValueSpec:
         has_range = self.min is not None or self.max is not None
         if (self.choices is None) == (not has_range):
             raise ValueError("give either 'choices' or both 'min' and 'max' (exactly one form)")
@@ -466,7 +467,7 @@ class DomainSpec(_Frozen):
     note: str = ""
 
     @model_validator(mode="after")
-    def _self_consistent(self) -> "DomainSpec":
+    def _self_consistent(self) -> DomainSpec:
         for kind in ("constraints", "cost_constraints"):
             for c in getattr(self, kind):
                 check_constraint(c)
@@ -572,7 +573,7 @@ class PerfSpec(_Frozen):
     devices_reason: str = ""
 
     @model_validator(mode="after")
-    def _devices_reason(self) -> "PerfSpec":
+    def _devices_reason(self) -> PerfSpec:
         if set(self.devices) != {"cpu", "cuda"} and len(self.devices_reason) < 10:
             raise ValueError(f"perf.devices {list(self.devices)} leaves a device out; say why in perf.devices_reason")
         return self
@@ -646,7 +647,7 @@ class TaskSpec(_Frozen):
     domain: DomainSpec | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TaskSpec":
+    def _consistent(self) -> TaskSpec:
         axes = set(self.axes)
         for name, t in self.inputs.items():
             if t.inplace:

@@ -16,8 +16,8 @@ import dataclasses
 import fcntl
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import git
 
@@ -44,7 +44,7 @@ def open_repo(path: Path) -> git.Repo:
             f"{path} is not inside a git repository; run the workbench from a clone of kernel-workbench."
         ) from None
     try:
-        repo.head.commit
+        _ = repo.head.commit  # raises ValueError when the repository has no commit
     except ValueError:
         raise RepoError(f"Repository {repo.working_dir} has no commit yet; commit the project first.") from None
     return repo

@@ -21,7 +21,7 @@ issue 6 ("classify by per-request query lengths ... speculative verification ste
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 PHASES = ("decode", "prefill", "mixed")
 

@@ -36,13 +36,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention.mla_attention import MLAAttention
@@ -55,12 +55,9 @@ from k3_model.layers import (
     KDAState,
     KDAWeights,
     MLAWeights,
-    MLPWeights,
     attn_res_mix,
     kda_forward,
-    latent_moe,
     rms_norm,
-    situ_mlp,
 )
 from k3_model.model import K3Model
 from k3_model.vllm_plugin.batch import classify_batch

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 TRACE_ENV = "K3_VLLM_TRACE_DIR"
 TRACE_KEY = "k3_trace_dir"

@@ -17,7 +17,7 @@ accumulation), §1.4 (-0.0 Lamport sentinel, NaN/inf must propagate).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

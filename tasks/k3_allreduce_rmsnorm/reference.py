@@ -9,7 +9,8 @@ Source: shared/reference/kernel_targets.md §1.2 (reference math), §1.5 (tolera
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -16,7 +16,7 @@ kernel_targets.md §2.4 (dtypes), §2.5 (edge cases); issue 3 (bug-report cases)
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

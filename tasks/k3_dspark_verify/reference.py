@@ -31,7 +31,8 @@ exponential race, top-k/top-p rules, tie rules); tasks/k3_dspark_verify/task.tom
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 

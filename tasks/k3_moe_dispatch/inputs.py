@@ -9,7 +9,7 @@ kernel_targets.md §3.3 (fp32 logits and bias), §3.4 (edge cases).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

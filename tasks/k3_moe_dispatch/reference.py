@@ -11,8 +11,9 @@ contract), §3.4 (edge cases), §3.5 (tolerances); tasks/k3_moe_dispatch/task.to
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from itertools import accumulate, combinations
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 

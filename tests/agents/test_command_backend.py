@@ -3,10 +3,9 @@ and the CLI that drives it."""
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 import subprocess
 import sys
 import time

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from guards.isolation import IsolationGuard
 from guards.sandbox import run_child

@@ -9,8 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from guards.cases import (_cell_index, _dims, build_case, domain_draws, load_task_module, random_workloads, shrink,
-                          value_cells)
+from guards.cases import (
+    _cell_index,
+    _dims,
+    build_case,
+    domain_draws,
+    load_task_module,
+    random_workloads,
+    shrink,
+    value_cells,
+)
 from workbench.errors import TaskSpecError
 from workbench.taskspec import DomainValueSpec, eval_constraint, load_task
 

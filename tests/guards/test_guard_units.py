@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from guards.activation import ActivationGuard, scope_excess
@@ -131,7 +132,7 @@ def test_verdict_rules():
     with pytest.raises(ValueError, match="FAIL needs at least one evidence item"):
         Verdict(guard="x", status=Status.FAIL, summary="bad")
     v = Verdict(guard="x", status=Status.FAIL, summary="bad", evidence=(Evidence(name="n", value=1.5, unit="us"),))
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         v.summary = "other"  # type: ignore[misc]
 
 

@@ -16,7 +16,7 @@ from workbench.taskspec import ALWAYS_FORBIDDEN, load_task
 KDIR = "k3_model/kernels/moe_dispatch"
 
 
-def _judge(repo: Path, write) -> "Verdict":  # noqa: F821
+def _judge(repo: Path, write) -> Verdict:  # noqa: F821
     base = git(repo, "rev-parse", "HEAD")
     write(repo)
     git(repo, "add", "-A")

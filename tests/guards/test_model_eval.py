@@ -41,7 +41,7 @@ def test_defaults_are_long_and_cross_the_declared_limits():
     assert s.context_tokens // s.prefill_chunk >= 4  # KDA state handed over between >= 4 chunks
     assert -(-(s.context_tokens + s.generate_tokens) // s.page_tokens) > s.context_tokens // s.page_tokens
     assert ModelEvalSettings.from_env({"WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS": "4096"}).context_tokens == 4096
-    with pytest.raises(ValueError, match="CONTEXT_TOKENS='x': expected a int"):
+    with pytest.raises(ValueError, match="CONTEXT_TOKENS .*: expected an integer; got 'x'"):
         ModelEvalSettings.from_env({"WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS": "x"})
     with pytest.raises(ValueError, match="must exceed prefill_chunk"):
         ModelEvalSettings(context_tokens=512).validate()
@@ -185,9 +185,9 @@ def test_vllm_leg_unavailable_is_said_not_hidden(tmp_path, monkeypatch):
 
 
 def test_reproduce_command_carries_model_eval_settings(monkeypatch):
-    from workbench.pipeline import _env_prefix
-
     import os
+
+    from workbench.pipeline import _env_prefix
 
     for k in [k for k in os.environ if k.startswith("WORKBENCH_MODEL_EVAL_")]:
         monkeypatch.delenv(k)

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from k3_model import dispatch
-from k3_model.dispatch import (DispatchError, OpScope, ScopeError, declared_scope, forward_context, parse_scope,
-                               record_trace)
+from k3_model.dispatch import (
+    DispatchError,
+    OpScope,
+    ScopeError,
+    declared_scope,
+    forward_context,
+    parse_scope,
+    record_trace,
+)
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
 
 OPMOD = "k3_model.kernels.moe_dispatch"

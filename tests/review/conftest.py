@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from review_helpers import REVIEWER, Repo, git
 
 from tests.conftest import quiet_machine

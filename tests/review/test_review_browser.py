@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-
 from review_helpers import git
+
 from workbench.results import file_sha256, read_result
 from workbench.review import service
 from workbench.review.web import create_app

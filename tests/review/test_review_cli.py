@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from review_helpers import REVIEWER, git
 from typer.testing import CliRunner
 
-from review_helpers import REVIEWER, git
 from workbench.cli import app
 from workbench.results import read_result
 

@@ -4,9 +4,9 @@ nothing created; a review refused on its merits is exit 1 (issue 17 item 6)."""
 from __future__ import annotations
 
 import pytest
+from review_helpers import add_item, make_checkout
 from typer.testing import CliRunner
 
-from review_helpers import add_item, make_checkout
 from workbench.cli import app
 from workbench.review.service import open_store
 

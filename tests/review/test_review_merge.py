@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from review_helpers import git
+
 from workbench.results import file_sha256, read_result, write_result
 from workbench.review import service
 from workbench.review.gitops import merge_candidate

@@ -7,8 +7,8 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
-
 from review_helpers import git
+
 from workbench.results import read_result, write_result
 from workbench.review import service
 from workbench.review.web import create_app

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-
 from review_helpers import add_item, make_checkout, no_perf_result
+
 from workbench.results import file_sha256
 from workbench.review import service
 from workbench.review.web import create_app

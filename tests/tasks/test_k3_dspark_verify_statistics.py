@@ -115,7 +115,8 @@ def test_reference_sampler_matches_the_target_on_a_small_sample() -> None:
     g = torch.Generator().manual_seed(3)
     logits = LOGITS.to(torch.bfloat16).expand(n, D + 1, V).contiguous()
     inputs = {
-        "target_logits": logits, "draft_token_ids": torch.multinomial(Q[0], n, replacement=True, generator=g).int().view(n, 1).expand(n, D).contiguous(),
+        "target_logits": logits,
+        "draft_token_ids": torch.multinomial(Q[0], n, replacement=True, generator=g).int().view(n, 1).expand(n, D).contiguous(),
         "num_draft_tokens": torch.ones(n, dtype=torch.int32), "draft_probs": Q[0].expand(n, D, V).contiguous(),
         "temperature": torch.full((n,), TEMPERATURE), "top_k": torch.full((n,), TOP_K, dtype=torch.int32),
         "top_p": torch.full((n,), TOP_P), "uniform_draws": torch.rand(n, D, generator=g),

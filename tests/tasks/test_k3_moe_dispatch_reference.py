@@ -14,7 +14,8 @@ from types import ModuleType
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch_standard
 from workbench.taskspec import eval_dim, load_task
@@ -184,7 +185,8 @@ PLANTED = {  # name: (workload, output that must be named, mutation)
     "expert_ids_tail_zero": ("k3_t1", "expert_ids", lambda i, p, g: g["expert_ids"].__setitem__(g["expert_ids"] == -1, 0)),
     "expert_ids_poison": ("mini_t64", "expert_ids", lambda i, p, g: g["expert_ids"].__setitem__(-1, -7777)),
     "num_post_padded_wrong": ("mini_t64", "num_tokens_post_padded", lambda i, p, g: g["num_tokens_post_padded"].add_(p["block_size"])),
-    "num_post_padded_short": ("k3_t1", "num_tokens_post_padded", lambda i, p, g: g.__setitem__("num_tokens_post_padded", torch.tensor([256, 0], dtype=torch.int32))),
+    "num_post_padded_short": ("k3_t1", "num_tokens_post_padded", lambda i, p, g: g.__setitem__(
+        "num_tokens_post_padded", torch.tensor([256, 0], dtype=torch.int32))),
 }
 
 

@@ -6,11 +6,19 @@ import re
 import shutil
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from workbench.errors import TaskSpecError
-from workbench.taskspec import (check_constraint, eval_constraint, eval_dim, list_task_ids, load_task, load_task_file,
-                                shape_names)
+from workbench.taskspec import (
+    check_constraint,
+    eval_constraint,
+    eval_dim,
+    list_task_ids,
+    load_task,
+    load_task_file,
+    shape_names,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "tasks" / "k3_moe_dispatch"
@@ -25,7 +33,7 @@ def test_real_task_loads_with_k3_and_mini_sizes():
     assert {w.axes["K"] for w in t.correctness.workloads if w.axes["E"] == 896} == {16}
     assert set(t.perf.workloads) <= {w.name for w in t.correctness.workloads}
     assert "k3_moe_dispatch" in list_task_ids(REPO)
-    with pytest.raises(Exception):  # frozen
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         t.op = "x"  # type: ignore[misc]
 
 

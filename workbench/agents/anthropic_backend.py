@@ -23,7 +23,8 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from workbench.agents.base import AttemptContext, AttemptOutcome, TokenUsage
 from workbench.agents.pricing import cost_usd

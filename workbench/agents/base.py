@@ -11,8 +11,9 @@ Source: issue 4 ("Backends, one interface"); STYLE.md (small Protocols, one type
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from workbench.taskspec import TaskSpec
 
@@ -37,7 +38,7 @@ class TokenUsage:
     api_calls: int = 0
     cost_usd: float | None = 0.0
 
-    def add(self, other: "TokenUsage") -> None:
+    def add(self, other: TokenUsage) -> None:
         """Accumulate ``other`` into this one (a ``None`` cost makes the total ``None``)."""
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens

@@ -13,8 +13,9 @@ Source: issue 4 ("Brief", "Attempts"); DESIGN.md "Trust model".
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 from workbench.results import RunResult
 from workbench.taskspec import TaskSpec

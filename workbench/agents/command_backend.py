@@ -28,8 +28,8 @@ import string
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from workbench.agents.base import AttemptContext, AttemptOutcome
 from workbench.agents.transcript import Transcript

@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from guards.base import Guard
 from workbench.agents.base import AgentBackend, AttemptContext, AttemptOutcome, TokenUsage

@@ -8,9 +8,7 @@ store that cannot be opened) in every subcommand; exit code 1 when a review is r
 from __future__ import annotations
 
 import sys
-
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -29,7 +27,7 @@ REPO_HELP = "The repository (default: the repo around the cwd)."
 REVIEWER_HELP = "Who reviews (default: git config user.name)."
 
 
-def _root(repo: Optional[Path]) -> Path:
+def _root(repo: Path | None) -> Path:
     """The kernel-workbench checkout (a git repository that is not one is refused: no queue is made there).
 
     Raises:
@@ -73,7 +71,7 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
               f"(workbench review show {item.id})")
 
 
-def _open(db: Optional[str], repo: Optional[Path], *, create: bool = False):
+def _open(db: str | None, repo: Path | None, *, create: bool = False):
     """The checkout and its queue; ``create`` only for commands that add to the queue (``submit``): the
     others refuse a ``--db``/``$WORKBENCH_DB`` SQLite file that does not exist (a mistyped path)."""
     from workbench.review.service import open_store
@@ -88,9 +86,9 @@ def _state_cell(state: str) -> str:
 
 @review_app.command("list")
 def list_(
-    state: Optional[list[str]] = typer.Option(None, "--state", "-s", help="Only these states (repeatable)."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    state: list[str] | None = typer.Option(None, "--state", "-s", help="Only these states (repeatable)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """The queue: one row per candidate, oldest first."""
     from workbench.review.store import State
@@ -116,8 +114,8 @@ def list_(
 @review_app.command()
 def show(
     item_id: int = typer.Argument(..., help="Queue id."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """One candidate: verdicts, perf, changed paths, merge check, history."""
     from workbench.review import gitops, service
@@ -171,9 +169,9 @@ def show(
 @review_app.command()
 def approve(
     item_id: int = typer.Argument(..., help="Queue id."),
-    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    reviewer: str | None = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """Approve a queued candidate and merge it into its target branch (refused when stale or not all PASS)."""
     from workbench.review import service
@@ -190,9 +188,9 @@ def approve(
 def reject(
     item_id: int = typer.Argument(..., help="Queue id."),
     reason: str = typer.Option(..., "--reason", "-r", help="What is wrong and what would fix it."),
-    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    reviewer: str | None = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """Reject a candidate with a reason."""
     from workbench.review import service
@@ -209,8 +207,8 @@ def reject(
 def submit(
     result_file: Path = typer.Argument(..., help="An accepted result .json."),
     target: str = typer.Option("main", "--target", help="Branch to merge into on approval."),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """Queue a result file by hand (run/verify do it automatically for accepted candidates)."""
     from workbench.review import service
@@ -227,9 +225,9 @@ def submit(
 def ui(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (keep 127.0.0.1 unless behind auth)."),
     port: int = typer.Option(8765, help="TCP port."),
-    reviewer: Optional[str] = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
-    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    repo: Optional[Path] = typer.Option(None, help=REPO_HELP),
+    reviewer: str | None = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
     """Serve the review web UI (the queue, one page per candidate, approve/reject forms).
 

@@ -16,11 +16,12 @@ from pathlib import Path
 import git
 
 from guards.verdict import Status
+from workbench import envs
 from workbench.errors import WorkbenchError
 from workbench.results import RunResult, file_sha256, read_result
-from workbench.worktree import git_lock, state_dir
 from workbench.review import gitops
-from workbench.review.store import ReviewError, ReviewInputError, ReviewItem, ReviewStore, State, DB_ENV, default_db_url
+from workbench.review.store import ReviewError, ReviewInputError, ReviewItem, ReviewStore, State, default_db_url
+from workbench.worktree import git_lock, state_dir
 
 DEFAULT_TARGET = "main"
 
@@ -36,7 +37,7 @@ def open_store(repo_root: Path, db: str | None = None, *, create: bool = True) -
         ReviewInputError: the URL cannot be opened, its SQLite folder does not exist, or (``create``
             False) its SQLite file does not exist.
     """
-    if db or os.environ.get(DB_ENV, "").strip():
+    if db or envs.DB.read().strip():
         return ReviewStore(db or default_db_url(repo_root), create=create)
     state_dir(Path(repo_root)).mkdir(parents=True, exist_ok=True)
     return ReviewStore(default_db_url(repo_root), create=True)

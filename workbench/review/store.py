@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
-from sqlalchemy import (ForeignKey, Integer, String, Text, create_engine, event, func, select, update)
+from sqlalchemy import ForeignKey, Integer, String, Text, create_engine, event, func, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
+from workbench import envs
 from workbench.errors import WorkbenchError
 
-DB_ENV = "WORKBENCH_DB"
+DB_ENV = envs.DB.name
 SQLITE_BUSY_TIMEOUT_S = 60.0
 
 
@@ -96,7 +96,7 @@ class ReviewItem(_Base):
     created_at: Mapped[str] = mapped_column(String(40), nullable=False)
     updated_at: Mapped[str] = mapped_column(String(40), nullable=False)
 
-    transitions: Mapped[list["Transition"]] = relationship(
+    transitions: Mapped[list[Transition]] = relationship(
         back_populates="item", order_by="Transition.id", lazy="selectin")
 
 
@@ -126,12 +126,12 @@ class Transition(_Base):
 
 def now_utc_us() -> str:
     """Current UTC time, ISO 8601 with microseconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+    return _dt.datetime.now(_dt.UTC).isoformat()
 
 
 def default_db_url(repo_root: Path) -> str:
     """``$WORKBENCH_DB`` when set, else SQLite at ``<repo_root>/.workbench/queue.db``."""
-    env = os.environ.get(DB_ENV, "").strip()
+    env = envs.DB.read().strip()
     if env:
         return env
     return f"sqlite:///{Path(repo_root).resolve() / '.workbench' / 'queue.db'}"
