@@ -114,8 +114,14 @@ class CorrectnessGuard:
 
     name = "correctness"
 
-    def _run(self, ctx: GuardContext, cases: list[Case]):
-        """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, skipped)."""
+    def _run(self, ctx: GuardContext, cases: list[Case], ref=None):
+        """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, outcome).
+
+        A distributed task runs one world size after the other, smallest first; with ``ref`` (the task's
+        reference module) a world size with a wrong case ends the run there, and the larger world sizes
+        are not run (their cases are absent from the results): the first failure decides, as the first
+        FAIL stops the pipeline, and the children of the larger groups cost the most.
+        """
         task = ctx.task
         base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
                 "decode_backend": "latency_specialized"}
@@ -157,6 +163,8 @@ class CorrectnessGuard:
                     if isinstance(c, dict) and c.get("name") in results:
                         results[c["name"]].append(c)
             last = outcomes[0]
+            if ref is not None and any(self._judge_case(task, ref, c, results[c.name])[0] for c in group):
+                break
         return results, None, duration, last
 
     def _judge_case(self, task, ref, case: Case, ranks: list[dict]) -> tuple[list[str], list[str], list]:
@@ -238,9 +246,13 @@ class CorrectnessGuard:
                            summary=f"No configuration fits this machine ({limit} GPU(s) for "
                                    f"{sorted({c.world_size for c in not_run})} ranks): nothing was tested.",
                            evidence=(Evidence(name="gpus", value=limit or 0, unit="count"),))
-        by_name, failed, duration, outcome = self._run(ctx, cases)
+        by_name, failed, duration, outcome = self._run(ctx, cases, ref)
         if failed is not None:
             return failed
+        # distributed: every case of a world size that ran has an entry (maybe empty: "no result"), so an
+        # absent one belongs to a larger world size not run after a failing one; one process: none is absent
+        stopped = [c for c in cases if c.name not in by_name] if task.distributed is not None else []
+        cases = [c for c in cases if c not in stopped]
         resp = outcome.response
         ctx.artifacts["scope"] = resp.get("scope")
         ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
@@ -270,6 +282,9 @@ class CorrectnessGuard:
                   Evidence(name="cases", value=n, unit="count")]
             for c, m in failures[:MAX_MISMATCH_LINES]:
                 ev.append(Evidence(name="mismatch", value=m[0][:300], path=f"{c.name} {dict(c.workload.axes)}"))
+            if stopped:
+                ev.append(Evidence(name="not_run", value=len(stopped), unit="count",
+                                   path=f"world sizes {sorted({c.world_size for c in stopped})}: a smaller one failed"))
             shrunk = ""
             if task.domain is not None and all(c.name.startswith("random-") for c, _ in failures):
                 # only random draws fail: their configuration is arbitrary, so find a smaller one

@@ -14,8 +14,11 @@ Source: issue 2 guard 4; kernels/stats.py for the statistics.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from guards import progress
@@ -25,6 +28,14 @@ from guards.cases import build_case, load_task_module, perf_inputs, perf_rotatio
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
+
+timing_section: Callable[[], AbstractContextManager] = contextlib.nullcontext
+"""Entered around the judge's timing of a candidate (children started, every workload timed).
+
+The workbench judges one candidate per process, so by default nothing is held. A host that runs
+several judgments on one machine at once installs a lock here so that no other work runs while a
+candidate is timed (the test suite does, across its pytest-xdist workers: ``tests/conftest.py``);
+timings taken beside other work are skewed by it."""
 
 WALL_SLACK = 1.05
 """Timed samples may not add up to more than the loop's wall clock (x this slack for timer overhead)."""
@@ -258,8 +269,6 @@ class PerfGuard:
         Returns:
             A FAIL verdict when a child did not complete, else ``None`` (entries appended to ``results``).
         """
-        import contextlib
-
         from guards.judge import call_server, export_tree, time_workload
 
         task = ctx.task
@@ -270,7 +279,7 @@ class PerfGuard:
         # each workload gets the task's perf budget (the judge draws every call's inputs while the
         # children wait, which the single-child design did before starting its child)
         timeout = task.timeouts.perf_s * len(timed)
-        with tempfile.TemporaryDirectory(prefix="wb-base-tree-") as tmp:
+        with timing_section(), tempfile.TemporaryDirectory(prefix="wb-base-tree-") as tmp:
             base_tree = export_tree(ctx.repo_root, ctx.base_commit, Path(tmp) / "base")
             with contextlib.ExitStack() as stack:
                 progress.phase("starting the baseline and candidate children (import, load)")
@@ -289,8 +298,16 @@ class PerfGuard:
                                         warmup=task.perf.warmup, repetitions=task.perf.repetitions)
                     outside = {k: (s.session.cpu_ns() - t0[k][0]) - (s.command_cpu_ns - t0[k][1])
                                for k, s in servers.items()}
-                    records[c.name] = (rec, outside)
-                    if any(st != b"k" for r in rec.values() for st in r.statuses):
+                    wrong = ("" if any(st != b"k" for r in rec.values() for st in r.statuses)
+                             else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
+                                                      ctx.seed))
+                    records[c.name] = (rec, outside, wrong)
+                    if any(st != b"k" for r in rec.values() for st in r.statuses) or wrong:
+                        break
+                    if _fails_on_timings(task, ctx.device, rec, claimed_flags[c.name] and
+                                         not c.name.startswith("random-perf-"), idx):
+                        # the first failing workload decides the verdict (as the first FAIL stops the
+                        # pipeline): later workloads are not timed, their cost is saved
                         break
         out = {}
         for side, sess in zip(("baseline", "candidate"), sessions):
@@ -308,7 +325,7 @@ class PerfGuard:
         for i, c in enumerate(timed):
             if c.name not in records:
                 break
-            rec, outside = records[c.name]
+            rec, outside, wrong = records[c.name]
             b, k = rec["baseline"], rec["candidate"]
             impl = _impl(out["candidate"], c.name)
             base_impl = _impl(out["baseline"], c.name)
@@ -356,7 +373,6 @@ class PerfGuard:
                 if any(e > w * WALL_SLACK + 5.0 for e, w in zip(timed_ev, k.wall_us)):
                     stats["verdict"] = "tampered"
                     entry["implementation"] += " (CUDA events longer than the judge's window: timer tampering)"
-            wrong = _every_call_problem(task, c, k.outputs, b.outputs, ctx.seed)
             if wrong:
                 stats["verdict"] = "wrong_output"
                 entry["implementation"] += f" ({wrong})"
@@ -388,10 +404,13 @@ class PerfGuard:
                              "the baseline per call)",
                     "raised": f"failing while timed [{r['implementation']}]"}.get(
                 r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
+            untimed = [c.name for c in timed if c.name not in {x["name"] for x in results}]
+            rest = (f" {len(untimed)} later configuration(s) not timed: the first failing one decides." if untimed
+                    else "")
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
-                                   f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).",
-                           evidence=table)
+                                   f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest}",
+                           evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed))
         if not timed:
             return Verdict(guard=self.name, status=Status.SKIP,
                            summary="No perf workload lies inside the kernel's declared scope on this device.")
@@ -404,6 +423,24 @@ class PerfGuard:
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+def _fails_on_timings(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
+    """Whether one timed workload already fails on its timings alone (a regression, or no real gain
+    where one is claimed): the same :func:`classify` call on the same samples as the final verdict.
+
+    Args:
+        rec: ``{"baseline": SideRecord, "candidate": SideRecord}`` of the workload.
+        claimed: whether a gain is required there.
+        seed: the bootstrap seed (the workload's index, as in the final classification).
+    """
+    b, k = rec["baseline"], rec["candidate"]
+    base_s = b.cpu_us if device == "cpu" else b.wall_us
+    cand_s = k.cpu_us if device == "cpu" else k.wall_us
+    max_reg, alpha = task.perf.regression_test(device)
+    stats = classify(base_s, cand_s, claimed=claimed, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
+                     confidence=task.perf.confidence, alpha=alpha, seed=seed)
+    return stats["verdict"] in ("regression", "no_gain")
 
 
 PERF_RANDOM_DRAWS = 2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from review_helpers import REVIEWER, Repo, git
 
-from tests.conftest import quiet_machine
+from tests.conftest import expecting_gain
 
 PROJECT = Path(__file__).resolve().parents[2]
 TASK = "k3_moe_dispatch"
@@ -31,7 +31,7 @@ def template_repo(tmp_path_factory) -> Repo:
     git(root, "checkout", "-q", "-B", "main")
     git(root, "config", "user.name", REVIEWER)
     git(root, "config", "user.email", "reviewer@example.org")
-    with quiet_machine(tmp_path_factory):  # the accept rests on a CPU perf verdict
+    with expecting_gain():  # the accept rests on a CPU perf gain
         good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
     assert good.accepted, [v.one_line() for v in good.verdicts]
     bad, bad_path = run_candidate(root, TASK, str(root / BAD), device="cpu", seed=7)

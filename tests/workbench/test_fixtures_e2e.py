@@ -15,7 +15,7 @@ from workbench.taskspec import list_task_ids, load_task
 CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(load_task(REPO_ROOT, tid))]
 
 
-# a good fixture's accept rests on a CPU perf verdict (a real gain): it runs alone under pytest-xdist
+# a good fixture's accept rests on a CPU perf gain: its timing runs while nothing else runs
 PARAMS = [pytest.param(t, f, id=f"{t}:{f.name}", marks=[pytest.mark.quiet] if f.good else []) for t, f in CASES]
 
 
