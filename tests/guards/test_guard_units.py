@@ -206,6 +206,9 @@ def test_baseline_is_the_kernel_merged_at_the_base(fresh_repo, tmp_path):
     assert v is not None and v.guard == "perf", [x.one_line() for x in result.verdicts]
     assert {p.baseline_implementation for p in result.perf} == {"base kernel"}
     assert all(0.8 < p.speedup < 1.2 for p in result.perf)
+    # the first workload without a gain decides: the later ones are not timed, and the verdict says so
+    assert len(result.perf) < 7 and "later configuration(s) not timed" in v.summary, v.summary
+    assert [e.name for e in v.evidence].count("not_timed") == 7 - len(result.perf)
 
 
 def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
@@ -328,3 +331,22 @@ def test_activation_claims_uses_the_dispatchers_rule():
                         assert claims(scope, phase=phase, batch=batch, device=device, dtype=dtype, tp=tp) is want
                         n_in += want
     assert n_in == 4  # decode, batch 2 and 33, cpu, float32, TP 1 and 2
+
+
+@pytest.mark.slow
+def test_distributed_correctness_stops_after_the_first_failing_world_size(project_repo):
+    """bf16 accumulation is exact at TP 2 and wrong from TP 4 on: TP 8's ranks are never started, and
+    the verdict says which world sizes were not run."""
+    from workbench.pipeline import judge_candidate
+
+    task = load_task(project_repo, "k3_allreduce_rmsnorm")
+    fx = project_repo / "tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-bf16-accumulation"
+    cand = create_candidate(project_repo, task.task_id, str(fx))
+    result, _ = judge_candidate(project_repo, task, cand, device="cpu", seed=5,
+                                guards=[IsolationGuard(), CorrectnessGuard()])
+    v = result.first_failure()
+    assert v is not None and v.guard == "correctness", [x.one_line() for x in result.verdicts]
+    assert {c.world_size for c in result.cases} == {1, 2, 4}
+    assert all(c.passed for c in result.cases if c.world_size < 4)
+    not_run = next(e for e in v.evidence if e.name == "not_run")
+    assert not_run.path == "world sizes [8]: a smaller one failed" and not_run.value > 0
