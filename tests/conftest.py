@@ -193,7 +193,9 @@ def _machine_share(request, tmp_path_factory) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests skip by themselves on a machine without CUDA (the reason says so)."""
+    """``slow`` tests first (long jobs start early and quick ones fill the gaps at the end, so pytest-xdist
+    workers finish together); ``gpu`` tests skip by themselves on a machine without CUDA."""
+    items.sort(key=lambda it: it.get_closest_marker("slow") is None)  # stable: file order within each
     gpu = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu:
         return

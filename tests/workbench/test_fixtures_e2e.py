@@ -19,6 +19,7 @@ CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(l
 PARAMS = [pytest.param(t, f, id=f"{t}:{f.name}", marks=[pytest.mark.quiet] if f.good else []) for t, f in CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id, fx", PARAMS)
 def test_fixture_judged_as_named(project_repo, task_id, fx):
     if not fx.runs_on("cpu"):  # e.g. a Triton kernel: judged on CUDA (bench/results/h200/), never here
