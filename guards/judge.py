@@ -194,6 +194,13 @@ class SideRecord:
     outputs: list[dict] = dataclasses.field(default_factory=list)
     statuses: list[bytes] = dataclasses.field(default_factory=list)
 
+    def extend(self, more: SideRecord) -> None:
+        """Append a later round of the same workload (its calls follow this record's)."""
+        self.cpu_us += more.cpu_us
+        self.wall_us += more.wall_us
+        self.outputs += more.outputs
+        self.statuses += more.statuses
+
 
 def _write_inputs(views: dict, inputs: dict) -> None:
     for k, v in inputs.items():
@@ -210,7 +217,7 @@ def _poison(outs: dict, specs: dict) -> None:
 
 
 def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_inputs: Callable[[int], dict], *,
-                  device: str, warmup: int, repetitions: int) -> dict[str, SideRecord]:
+                  device: str, warmup: int, repetitions: int, first_call: int = 0) -> dict[str, SideRecord]:
     """Interleave baseline and candidate calls on fresh inputs (A B, B A, ...), timed by the judge.
 
     Call ``i`` of both sides reads the same inputs, drawn by ``make_inputs(i)`` just before the call and
@@ -223,6 +230,8 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         make_inputs: call index -> inputs (CPU tensors).
         device: ``cpu`` or ``cuda``.
         warmup, repetitions: untimed and timed calls per side (count).
+        first_call: index of the first call (count): an extension round continues the call sequence, so
+            its inputs are fresh draws (``make_inputs(first_call)``, ...) and its order alternation goes on.
 
     Returns:
         ``{"baseline": SideRecord, "candidate": SideRecord}``.
@@ -236,8 +245,8 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
     for srv in servers.values():
         srv.command(P.OP_SELECT, index)
     rec = {side: SideRecord() for side in servers}
-    for i in range(warmup + repetitions):
-        progress.advance(i)
+    for n, i in enumerate(range(first_call, first_call + warmup + repetitions)):
+        progress.advance(n)
         inputs = make_inputs(i)
         slot = i % P.SLOTS
         order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
@@ -256,7 +265,7 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
             r = rec[side]
             r.statuses.append(go.status if go.status != b"k" else read.status)
             r.outputs.append(got)
-            if i >= warmup:
+            if n >= warmup:
                 r.cpu_us.append(max(go.cpu_ns / 1e3, MIN_SAMPLE_US))
                 r.wall_us.append(max(go.wall_ns / 1e3, MIN_SAMPLE_US))
             if r.statuses[-1] != b"k":

@@ -276,6 +276,7 @@ class PerfGuard:
         specs = [_served_spec(c) for c in timed]
         sessions: list = []
         records: dict = {}
+        extensions: dict = {}
         # each workload gets the task's perf budget (the judge draws every call's inputs while the
         # children wait, which the single-child design did before starting its child)
         timeout = task.timeouts.perf_s * len(timed)
@@ -294,18 +295,32 @@ class PerfGuard:
                     progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads), calls a side",
                                    done=0, total=task.perf.warmup + task.perf.repetitions)
                     t0 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
-                    rec = time_workload(servers, idx, specs[idx], _input_maker(task, c, ctx.seed), device=ctx.device,
+                    make = _input_maker(task, c, ctx.seed)
+                    rec = time_workload(servers, idx, specs[idx], make, device=ctx.device,
                                         warmup=task.perf.warmup, repetitions=task.perf.repetitions)
+                    gain = claimed_flags[c.name] and not c.name.startswith("random-perf-")
+                    rounds = 1
+                    while (rounds <= PERF_EXTENSION_ROUNDS and _ok(rec)
+                           and _inconclusive_gain(task, ctx.device, rec, gain, idx)):
+                        progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): the gain's interval "
+                                       f"is inconclusive, extension round {rounds}/{PERF_EXTENSION_ROUNDS}",
+                                       done=0, total=task.perf.repetitions)
+                        more = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
+                                             repetitions=task.perf.repetitions,
+                                             first_call=len(rec["candidate"].outputs))
+                        for side in rec:
+                            rec[side].extend(more[side])
+                        rounds += 1
+                    extensions[c.name] = rounds - 1
                     outside = {k: (s.session.cpu_ns() - t0[k][0]) - (s.command_cpu_ns - t0[k][1])
                                for k, s in servers.items()}
-                    wrong = ("" if any(st != b"k" for r in rec.values() for st in r.statuses)
+                    wrong = ("" if not _ok(rec)
                              else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
-                                                      ctx.seed))
+                                                      ctx.seed, rounds=rounds))
                     records[c.name] = (rec, outside, wrong)
-                    if any(st != b"k" for r in rec.values() for st in r.statuses) or wrong:
+                    if not _ok(rec) or wrong:
                         break
-                    if _fails_on_timings(task, ctx.device, rec, claimed_flags[c.name] and
-                                         not c.name.startswith("random-perf-"), idx):
+                    if _fails_on_timings(task, ctx.device, rec, gain, idx):
                         # the first failing workload decides the verdict (as the first FAIL stops the
                         # pipeline): later workloads are not timed, their cost is saved
                         break
@@ -333,7 +348,8 @@ class PerfGuard:
                 base_impl = "base kernel"
             entry = {"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
                      "baseline_implementation": base_impl,
-                     "timer": "judge: child process CPU clock" if ctx.device == "cpu" else "judge: wall clock"}
+                     "timer": "judge: child process CPU clock" if ctx.device == "cpu" else "judge: wall clock",
+                     "extension_rounds": extensions.get(c.name, 0)}
             if any(st != b"k" for st in k.statuses) or any(st != b"k" for st in b.statuses):
                 side = "candidate" if any(st != b"k" for st in k.statuses) else "baseline"
                 why = (out[side].get("errors") or ["a call failed"])[0].splitlines()[0]
@@ -388,7 +404,8 @@ class PerfGuard:
         table = tuple(
             Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
                      path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
-                          f"CI [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}], {r['verdict']}")
+                          f"CI [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}], {r['verdict']}"
+                          + (f", {r['extension_rounds']} extension round(s)" if r.get("extension_rounds") else ""))
             for r in results)
         if bad:
             r = bad[0]
@@ -423,6 +440,34 @@ class PerfGuard:
                        summary=f"Faster in all {len(gains)} claimed configurations "
                                f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
                        evidence=table)
+
+
+PERF_EXTENSION_ROUNDS = 2
+"""Extra rounds of the task's repetitions for a claimed workload whose gain is inconclusive: its median
+speedup reaches ``min_speedup`` but the interval's lower end is not above 1. More pairs narrow the
+interval (width ~ 1/sqrt(pairs)); a kernel no faster than the baseline has a median near 1 and never
+qualifies. Looking up to three times at a one-sided bound of level (1 - confidence) / 2 raises the chance
+of a false gain to at most three times that level (Bonferroni): 1.5% at the tasks' confidence 0.99.
+Source: the stop-22 CI run (an honest 1.11x kernel rejected at CI 0.968-1.193 on a loaded machine);
+sequential testing, Wald 1945 (repeated looks), Bonferroni's inequality for the bound."""
+
+
+def _ok(rec: dict) -> bool:
+    """Whether every call of both sides was acknowledged as run (status ``b"k"``)."""
+    return all(st == b"k" for r in rec.values() for st in r.statuses)
+
+
+def _inconclusive_gain(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
+    """Whether a claimed workload's timings show a big enough median gain whose interval still reaches 1."""
+    if not claimed:
+        return False
+    b, k = rec["baseline"], rec["candidate"]
+    base_s = b.cpu_us if device == "cpu" else b.wall_us
+    cand_s = k.cpu_us if device == "cpu" else k.wall_us
+    max_reg, alpha = task.perf.regression_test(device)
+    stats = classify(base_s, cand_s, claimed=True, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
+                     confidence=task.perf.confidence, alpha=alpha, seed=seed)
+    return stats["verdict"] == "no_gain" and stats["speedup"] >= task.perf.min_speedup
 
 
 def _fails_on_timings(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
@@ -550,7 +595,8 @@ def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
     return True
 
 
-def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int) -> str | None:
+def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int,
+                        rounds: int = 1) -> str | None:
     """Check the candidate's outputs of every call (warm-up and timed) against the reference.
 
     A kernel that counts calls and changes behaviour once timed (skips work, replays a cache, defers
@@ -559,14 +605,18 @@ def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[
     inputs is accepted without recomputing the reference; every other call is checked with the task's
     checker (the reference costs up to ~0.1 s a call on the CI machine).
 
+    Args:
+        rounds: timing rounds run (1 + extension rounds); each holds the task's repetitions.
+
     Returns:
         One sentence naming the first wrong call, or ``None``.
     """
     from guards.correctness import generic_check
 
-    n = task.perf.warmup + task.perf.repetitions
-    if len(outputs) != n:
-        return f"the judge read {len(outputs)} output sets for {n} calls"
+    n = task.perf.warmup + task.perf.repetitions * rounds  # every extension round adds the task's repetitions
+    if len(outputs) != n or len(baseline_outputs) != n:
+        return (f"the judge read {len(outputs)} candidate and {len(baseline_outputs)} baseline output sets "
+                f"for {n} calls")
     ref = load_task_module(task, "reference")
     canon = getattr(ref, "canonical", None)
     for j, got in enumerate(outputs):
@@ -678,6 +728,9 @@ def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | Non
 
     A kernel that counts calls and changes behaviour once it is being timed (skips work, replays a
     cache, defers writes) passes the three correctness calls but fails here.
+
+    Args:
+        rounds: timing rounds run (1 + extension rounds); each holds the task's repetitions.
 
     Returns:
         One sentence naming the first wrong call, or ``None``.

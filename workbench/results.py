@@ -99,6 +99,8 @@ class PerfResult(_Model):
         wait_excess_us: CPU only; median (wall - CPU) of a candidate call minus the baseline's
             (microseconds); ``waits`` when the candidate spends time off-CPU inside its calls.
         event_median_us: CUDA only; median of the candidate's own CUDA-event samples (second opinion).
+        extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
+            was inconclusive (count; ``guards.perf.PERF_EXTENSION_ROUNDS`` at most).
 
     The extra verdicts of the judge's timing (``guards/judge.py``): ``busy_outside``, ``waits`` and
     ``raised`` (a timed call raised or failed a runtime check).
@@ -123,6 +125,7 @@ class PerfResult(_Model):
     candidate_outside_cpu_us: float | None = None
     wait_excess_us: float | None = None
     event_median_us: float | None = None
+    extension_rounds: int = 0
 
 
 class CandidateInfo(_Model):

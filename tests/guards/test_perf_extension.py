@@ -1,0 +1,87 @@
+"""The perf guard's extension rounds: a claimed gain whose interval is inconclusive is timed longer."""
+
+from __future__ import annotations
+
+import random
+
+import guards.perf as perf
+from guards.correctness import CorrectnessGuard
+from guards.judge import SideRecord
+from guards.verdict import Status
+from tests.guards.test_guard_units import GOOD, _candidate
+from workbench.taskspec import load_task
+
+
+def _rec(base: list[float], cand: list[float]) -> dict:
+    return {"baseline": SideRecord(cpu_us=list(base), wall_us=list(base), statuses=[b"k"] * len(base)),
+            "candidate": SideRecord(cpu_us=list(cand), wall_us=list(cand), statuses=[b"k"] * len(cand))}
+
+
+def _noisy(n: int, speedup: float, noise: float, seed: int) -> tuple[list[float], list[float]]:
+    rng = random.Random(seed)
+    base = [100.0 * (1 + rng.uniform(-noise, noise)) for _ in range(n)]
+    return base, [b / speedup * (1 + rng.uniform(-noise, noise)) for b in base]
+
+
+def test_inconclusive_gain_only_for_a_big_median_whose_interval_reaches_one(project_repo):
+    task = load_task(project_repo, "k3_moe_dispatch")
+    # per-pair ratios 1.3 (11 pairs) and 0.8 (9 pairs): median 1.3, the bootstrap's low end at 0.8
+    noisy = _rec([100.0] * 20, [100.0 / 1.3] * 11 + [100.0 / 0.8] * 9)
+    stats = perf.classify(noisy["baseline"].cpu_us, noisy["candidate"].cpu_us, claimed=True,
+                          max_regression_pct=task.perf.max_regression_pct, min_speedup=task.perf.min_speedup,
+                          confidence=task.perf.confidence, alpha=task.perf.alpha)
+    assert stats["verdict"] == "no_gain" and stats["speedup"] >= task.perf.min_speedup, stats  # the premise
+    assert perf._inconclusive_gain(task, "cpu", noisy, True, 0)
+    assert not perf._inconclusive_gain(task, "cpu", noisy, False, 0)  # unclaimed: no gain is asked for
+    clear = _rec(*_noisy(150, 1.11, 0.02, seed=2))
+    assert not perf._inconclusive_gain(task, "cpu", clear, True, 0)  # already a gain
+    same = _rec(*_noisy(150, 1.0, 0.3, seed=3))
+    assert not perf._inconclusive_gain(task, "cpu", same, True, 0)  # median under min_speedup: a plain no_gain
+
+
+def test_side_record_extend_appends_every_field():
+    a = SideRecord(cpu_us=[1.0], wall_us=[2.0], outputs=[{"x": 1}], statuses=[b"k"])
+    a.extend(SideRecord(cpu_us=[3.0], wall_us=[4.0], outputs=[{"x": 2}], statuses=[b"!"]))
+    assert (a.cpu_us, a.wall_us, a.outputs, a.statuses) == ([1.0, 3.0], [2.0, 4.0], [{"x": 1}, {"x": 2}], [b"k", b"!"])
+
+
+def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(project_repo, tmp_path, monkeypatch):
+    """With the interval forced inconclusive, the workload is timed 1 + PERF_EXTENSION_ROUNDS rounds; every
+    extra call's outputs are checked too (a wrong extension call would be ``wrong_output``)."""
+    ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), "ext")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS  # records the declared scope
+    task = ctx.task.model_copy(update={"perf": ctx.task.perf.model_copy(update={
+        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
+    ctx.task = task
+    monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 0)
+    calls = []
+
+    def always(task, device, rec, claimed, seed):
+        calls.append(len(rec["candidate"].cpu_us))
+        return claimed
+
+    monkeypatch.setattr(perf, "_inconclusive_gain", always)
+    checked = []
+    real = perf._every_call_problem
+
+    def spy(task, case, outputs, baseline_outputs, seed, rounds=1):
+        checked.append((len(outputs), rounds))
+        return real(task, case, outputs, baseline_outputs, seed, rounds=rounds)
+
+    monkeypatch.setattr(perf, "_every_call_problem", spy)
+    perf.PerfGuard().check(ctx)
+    (entry,) = ctx.artifacts["perf"]
+    n = 1 + perf.PERF_EXTENSION_ROUNDS
+    assert entry["extension_rounds"] == perf.PERF_EXTENSION_ROUNDS
+    assert len(entry["candidate_us"]) == len(entry["baseline_us"]) == 12 * n
+    assert calls == [12 * r for r in range(1, n)]  # asked after each round until the rounds ran out
+    assert checked == [(2 + 12 * n, n)]
+    assert entry["verdict"] != "wrong_output", entry["implementation"]
+
+
+def test_every_call_problem_counts_the_extension_rounds(project_repo):
+    task = load_task(project_repo, "k3_moe_dispatch")
+    n = task.perf.warmup + task.perf.repetitions
+    got = perf._every_call_problem(task, None, [{}] * n, [{}] * n, 0, rounds=2)
+    assert got == (f"the judge read {n} candidate and {n} baseline output sets for "
+                   f"{task.perf.warmup + 2 * task.perf.repetitions} calls")
