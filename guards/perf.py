@@ -166,6 +166,10 @@ class PerfGuard:
     """Times baseline and candidate per perf workload in one child."""
 
     name = "perf"
+    random_draws: int | None = None
+    """Run-time perf draws (count); ``None``: :data:`PERF_RANDOM_DRAWS` (the self-check's estimate uses 0)."""
+    extension_rounds: int | None = None
+    """Extension rounds for an inconclusive gain (count); ``None``: :data:`PERF_EXTENSION_ROUNDS`."""
 
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
@@ -181,7 +185,7 @@ class PerfGuard:
         dtype = task.inputs[task.scope.dtype_input].dtype
         cases, claimed_flags = [], {}
         self._order = {}
-        for w in perf_workloads(task, ctx.seed):
+        for w in perf_workloads(task, ctx.seed, draws=self.random_draws):
             self._order[w.name] = len(self._order)
             c = build_case(task, w, ctx.seed)
             cases.append(c)
@@ -300,10 +304,11 @@ class PerfGuard:
                                         warmup=task.perf.warmup, repetitions=task.perf.repetitions)
                     gain = claimed_flags[c.name] and not c.name.startswith("random-perf-")
                     rounds = 1
-                    while (rounds <= PERF_EXTENSION_ROUNDS and _ok(rec)
+                    max_rounds = PERF_EXTENSION_ROUNDS if self.extension_rounds is None else self.extension_rounds
+                    while (rounds <= max_rounds and _ok(rec)
                            and _inconclusive_gain(task, ctx.device, rec, gain, idx)):
                         progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): the gain's interval "
-                                       f"is inconclusive, extension round {rounds}/{PERF_EXTENSION_ROUNDS}",
+                                       f"is inconclusive, extension round {rounds}/{max_rounds}",
                                        done=0, total=task.perf.repetitions)
                         more = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
                                              repetitions=task.perf.repetitions,
@@ -495,8 +500,8 @@ caught. They are judged for regressions only (a gain is required on the listed, 
 Source: issue 12 item 5 ("a fresh random sample of them each run, plus the edges")."""
 
 
-def perf_workloads(task, seed: int) -> list:
-    """The task's perf workloads plus :data:`PERF_RANDOM_DRAWS` drawn at run time.
+def perf_workloads(task, seed: int, *, draws: int | None = None) -> list:
+    """The task's perf workloads plus ``draws`` (default :data:`PERF_RANDOM_DRAWS`) drawn at run time.
 
     Each draw copies the listed perf workload with the largest batch (its cost bounds the draw's) and
     redraws the batch uniformly in ``[scope.batch_min, scope.batch_max]``, avoiding the listed batch
@@ -514,7 +519,8 @@ def perf_workloads(task, seed: int) -> list:
         list(range(task.scope.batch_min, task.scope.batch_max + 1))
     rng = random.Random(_derive_seed(seed, "perf_random_workloads"))
     out = list(listed)
-    for i, b in enumerate(rng.sample(pool, min(PERF_RANDOM_DRAWS, len(pool)))):
+    n = PERF_RANDOM_DRAWS if draws is None else draws
+    for i, b in enumerate(rng.sample(pool, min(n, len(pool)))):
         out.append(tmpl.model_copy(update={"name": f"random-perf-{i}-{tmpl.name}", "axes": {**tmpl.axes, ax: b}}))
     return out
 

@@ -459,11 +459,14 @@ def check(
     task_id: str = typer.Argument(..., help="Task id."),
     base: str | None = typer.Option(None, help="Base commit the candidate is judged against (the brief gives it; default HEAD)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
-    no_perf: bool = typer.Option(False, "--no-perf", help="Skip the quick perf estimate."),
+    no_perf: bool = typer.Option(False, "--no-perf", help="Skip the perf estimate."),
+    full: bool = typer.Option(False, "--full", help="Every public seed, the model eval and the task's perf "
+                              "repetitions (minutes); default: quick (first public seed, no model eval, short perf)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Self-check the worktree you are in: paths, correctness on the public seeds, activation, quick perf estimate.
+    """Self-check the worktree you are in with the judge's own guards (public seeds), committed or not.
 
+    Your files are judged as they are (committed, staged or untracked; nothing is committed for you).
     Never uses a run-time seed or random draws; the judging run does. Exit 0 when it passes, 1 when not.
     """
     _verbosity(verbose)
@@ -481,7 +484,8 @@ def check(
         except Exception:
             raise WorkbenchError(f"--base {base!r} is not a commit of {wt}; copy it from the brief.") from None
         with _judging():
-            report = self_check(wt, task, base=base_sha, device=detect_device(device), with_perf=not no_perf)
+            report = self_check(wt, task, base=base_sha, device=detect_device(device), with_perf=not no_perf,
+                                full=full)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     console.print(report.text(), markup=False)

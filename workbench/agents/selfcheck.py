@@ -1,21 +1,20 @@
 """The self-check an agent runs on its own worktree, and the baseline numbers its brief quotes.
 
-``workbench check TASK`` (and the anthropic backend's ``run_check`` tool) reuse the guards' own
-machinery on the task's **public** seeds only: the paths changed against the base, correctness on
-the fixed workloads (no random draws: those are drawn at judging time from a seed the agent never
-sees), activation, and a short perf estimate. A PASS here is a hint, not a verdict: the run's guards
-judge again with fresh inputs and more repetitions.
+``workbench check TASK`` (and the anthropic backend's ``run_check`` tool) run the judge's own pipeline
+(``workbench.pipeline.run_guards``, the same guards in the same order) on a snapshot commit of the
+worktree's current files, committed or not, with the task's **public** seeds only: no random draws
+(those are drawn at judging time from a seed the agent never sees) and a short perf estimate. A PASS
+here is a hint, not a verdict: the run's guards judge again with fresh inputs and more repetitions.
 
-Source: issue 4 ("Brief": a public subset of the checks); guards/*.py for every check reused here.
+Source: issue 4 ("Brief": a public subset of the checks); issue 20 item 1 (the judge's own pipeline,
+on uncommitted, staged or committed changes alike, <= 30 s quick).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import posixpath
-import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,13 +44,16 @@ class SelfCheckReport:
     Attributes:
         ok: paths, correctness and activation passed (the perf estimate is advisory, see
             :attr:`perf_warning`).
-        verdicts: one per step (``paths``, ``correctness[seed=S]``, ``activation``, ``perf_estimate``).
+        verdicts: one per guard, as a run's (``isolation``, ``audit``, ``correctness[seed=S]``,
+            ``activation``, ``model_eval`` when full, ``perf_estimate``); a stopped run's later guards SKIP.
         duration_s: wall time (seconds).
+        full: every public seed and the model eval ran (``workbench check --full``).
     """
 
     ok: bool
     verdicts: list[Verdict]
     duration_s: float
+    full: bool = False
 
     @property
     def perf_warning(self) -> bool:
@@ -63,7 +65,8 @@ class SelfCheckReport:
         head = "PASS" if self.ok else "FAIL"
         if self.ok and self.perf_warning:
             head = "PASS with a perf warning (the estimate uses few calls; the judging run times more)"
-        lines = [f"self-check: {head} ({self.duration_s:.1f} s; public seeds only, "
+        kind = "full" if self.full else "quick (--full adds every public seed and the model eval)"
+        lines = [f"self-check: {head} ({self.duration_s:.1f} s, {kind}; public seeds only, "
                  "the judging run draws fresh inputs and random batch sizes)"]
         for v in self.verdicts:
             lines.append(f"  {v.guard:<22} {v.status.value:<5} {v.summary}")
@@ -76,93 +79,144 @@ class SelfCheckReport:
         return "\n".join(lines)
 
 
-def _changed_paths(worktree: Path, base: str) -> list[str]:
-    """Paths that differ between ``base`` and the worktree's files (committed, staged, unstaged, untracked)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(worktree), *args], capture_output=True, text=True, check=True,
-                              stdin=subprocess.DEVNULL).stdout
-
-    changed = set(git("diff", "--name-only", "--no-renames", base).split("\n"))
-    changed |= set(git("ls-files", "--others", "--exclude-standard").split("\n"))
-    return sorted(p for p in changed if p)
+SNAPSHOT_AUTHOR = {"GIT_AUTHOR_NAME": "workbench self-check", "GIT_AUTHOR_EMAIL": "self-check@kernel-workbench",
+                   "GIT_COMMITTER_NAME": "workbench self-check", "GIT_COMMITTER_EMAIL": "self-check@kernel-workbench"}
 
 
-def check_paths(worktree: Path, task: TaskSpec, base: str) -> Verdict:
-    """The isolation rule on the worktree's uncommitted state: every changed path allowed, no escaping symlink."""
-    from guards.isolation import path_problem
-    from guards.verdict import Evidence
+def snapshot_commit(worktree: Path) -> str:
+    """Commit the worktree's current files as they are, without touching its index, branch or files.
 
-    problems = []
-    changed = _changed_paths(worktree, base)
-    for p in changed:
-        why = path_problem(p, task.allowed_paths, task.all_forbidden)
-        full = worktree / p
-        if why is None and full.is_symlink():
-            target = os.readlink(full)
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(p), target))
-            why = "absolute symlink" if target.startswith("/") else path_problem(resolved, task.allowed_paths, task.all_forbidden)
-        if why:
-            problems.append(Evidence(name="forbidden_path", value=why, path=p))
-    if problems:
-        return Verdict(guard="paths", status=Status.FAIL,
-                       summary=f"{len(problems)} change(s) outside the allowed paths; first: {problems[0].path} ({problems[0].value}).",
-                       evidence=tuple(problems[:20]))
-    if not changed:
-        return Verdict(guard="paths", status=Status.FAIL, summary="Nothing changed relative to the base commit yet.",
-                       evidence=(Evidence(name="changed_paths", value=0, unit="count"),))
-    return Verdict(guard="paths", status=Status.PASS,
-                   summary=f"{len(changed)} changed path(s), all inside {', '.join(task.allowed_paths)}.")
+    Tracked changes (staged or not) and untracked files that git does not ignore go into a tree built
+    in a temporary index; the commit (parent: ``HEAD``) is referenced by no branch. The judge's guards
+    then read exactly what a commit of these files would hold.
+
+    Args:
+        worktree: a git checkout (the agent's worktree).
+
+    Returns:
+        The snapshot commit's SHA, or ``HEAD``'s when the files equal ``HEAD``.
+
+    Raises:
+        WorkbenchError: ``worktree`` is not a git checkout with a commit.
+    """
+    import git
+
+    from workbench.errors import WorkbenchError
+
+    try:
+        repo = git.Repo(worktree)
+        head = repo.head.commit
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError) as exc:
+        raise WorkbenchError(f"self-check: {worktree} is not a git checkout with a commit ({exc}); run it inside "
+                             "the worktree the brief names.") from None
+    with tempfile.TemporaryDirectory(prefix="wb-selfcheck-index-") as tmp:
+        with repo.git.custom_environment(GIT_INDEX_FILE=str(Path(tmp) / "index"), **SNAPSHOT_AUTHOR):
+            repo.git.read_tree(head.hexsha)
+            repo.git.add("-A", ".")
+            tree = repo.git.write_tree()
+            if tree == head.tree.hexsha:
+                return head.hexsha
+            return repo.git.commit_tree(tree, "-p", head.hexsha, "-m", "workbench self-check snapshot")
 
 
-def self_check(worktree: Path, task: TaskSpec, *, base: str, device: str = "cpu", with_perf: bool = True) -> SelfCheckReport:
-    """Run the public self-check on a worktree's current files.
+class _Seeded:
+    """A guard run with another seed and a name that says which (``correctness[seed=1]``)."""
+
+    def __init__(self, guard, seed: int):
+        self.guard, self.seed = guard, seed
+        self.name = f"{guard.name}[seed={seed}]"
+
+    def check(self, ctx):
+        saved = ctx.seed
+        ctx.seed = self.seed
+        try:
+            return self.guard.check(ctx)
+        finally:
+            ctx.seed = saved
+
+
+def self_check_guards(task: TaskSpec, *, full: bool, with_perf: bool) -> list:
+    """The judge's guards as the self-check runs them (the pipeline's order, cheap first).
+
+    Quick (default): isolation, audit, correctness on the first public seed, activation, perf estimate
+    (no run-time draws, no extension rounds). Full: correctness on every public seed, the model eval,
+    the perf estimate with the task's repetitions.
+    """
+    from guards.activation import ActivationGuard
+    from guards.audit import AuditGuard
+    from guards.correctness import CorrectnessGuard
+    from guards.isolation import IsolationGuard
+    from guards.model_eval import ModelEvalGuard
+    from guards.perf import PerfGuard
+
+    seeds = list(task.correctness.public_seeds) if full else list(task.correctness.public_seeds[:1])
+    guards = [IsolationGuard(), AuditGuard()]
+    guards += [_Seeded(CorrectnessGuard(), s) for s in seeds] if seeds else [CorrectnessGuard()]
+    guards.append(ActivationGuard())
+    if full:
+        guards.append(ModelEvalGuard())
+    if with_perf:
+        est = PerfGuard()
+        est.name, est.random_draws, est.extension_rounds = "perf_estimate", 0, 0
+        guards.append(est)
+    return guards
+
+
+def self_check(worktree: Path, task: TaskSpec, *, base: str, device: str = "cpu", with_perf: bool = True,
+               full: bool = False) -> SelfCheckReport:
+    """Run the judge's own pipeline on a worktree's current files, with public seeds only.
+
+    The files (committed, staged, unstaged or untracked) are snapshotted into a commit that no branch
+    references (:func:`snapshot_commit`), and the guards of :func:`self_check_guards` judge it against
+    ``base`` exactly as a run would, apart from the seeds (public), the random draws (none) and the
+    perf repetitions (:data:`QUICK_PERF_REPETITIONS` unless ``full``).
 
     Args:
         worktree: the agent's checkout (its ``k3_model`` runs in child processes only).
         task: the task spec.
-        base: the base commit the candidate is judged against (paths are compared with it).
+        base: the base commit the candidate is judged against (full SHA).
         device: ``cpu`` or ``cuda``.
-        with_perf: add the quick perf estimate (seconds of extra time).
+        with_perf: add the perf estimate (advisory: it never makes the check FAIL).
+        full: every public seed, the model eval, and the task's perf repetitions.
 
     Returns:
-        The report; a failing step stops the later ones (the perf estimate runs only after
-        correctness and activation pass).
+        The report; the first FAIL stops the later guards, as in a run.
 
     Raises:
+        WorkbenchError: ``worktree`` is not a git checkout.
         OSError: a child process cannot be started (infrastructure, not the candidate).
     """
-    from guards.activation import ActivationGuard
+    import git
+
     from guards.base import GuardContext
-    from guards.correctness import CorrectnessGuard
-    from guards.perf import PerfGuard
+    from guards.verdict import Evidence
+    from workbench.pipeline import run_guards
 
     t0 = time.monotonic()
     worktree = Path(worktree)
-    ptask = public_task(task)
-    verdicts = [check_paths(worktree, task, base)]
-    logger.info("self-check %s: paths %s", worktree.name, verdicts[-1].status.value)
-    first_ctx = None
-    if verdicts[-1].status is Status.PASS:
-        for seed in task.correctness.public_seeds:
-            ctx = GuardContext(task=ptask, repo_root=worktree, worktree=worktree, base_commit=base,
-                               candidate_commit="worktree", device=device, seed=seed)
-            v = CorrectnessGuard().check(ctx)
-            v = v.model_copy(update={"guard": f"correctness[seed={seed}]"})
-            verdicts.append(v)
-            logger.info("self-check %s: correctness seed %d %s", worktree.name, seed, v.status.value)
-            first_ctx = first_ctx or ctx
-            if v.status is not Status.PASS:
-                break
-    if first_ctx is not None and all(v.status is Status.PASS for v in verdicts):
-        v = ActivationGuard().check(first_ctx)
-        verdicts.append(v)
-        if v.status is Status.PASS and with_perf:
-            p = PerfGuard().check(first_ctx)
-            verdicts.append(p.model_copy(update={
-                "guard": "perf_estimate",
-                "summary": f"(estimate, {ptask.perf.repetitions} calls per side) {p.summary}"}))
-    ok = all(v.status is Status.PASS for v in verdicts if v.guard != "perf_estimate")
-    return SelfCheckReport(ok=ok, verdicts=verdicts, duration_s=round(time.monotonic() - t0, 2))
+    snap = snapshot_commit(worktree)
+    ptask = task if full else public_task(task)
+    if full:
+        ptask = ptask.model_copy(update={"correctness": ptask.correctness.model_copy(update={"random_draws": 0})})
+    repo = git.Repo(worktree)
+    if repo.commit(snap).tree == repo.commit(base).tree:
+        v = Verdict(guard="isolation", status=Status.FAIL, summary="Nothing changed relative to the base commit yet.",
+                    evidence=(Evidence(name="changed_paths", value=0, unit="count"),))
+        return SelfCheckReport(ok=False, verdicts=[v], duration_s=round(time.monotonic() - t0, 2))
+    ctx = GuardContext(task=ptask, repo_root=worktree, worktree=worktree, base_commit=base, candidate_commit=snap,
+                       device=device, seed=task.correctness.public_seeds[0] if task.correctness.public_seeds else 0)
+    guards = self_check_guards(task, full=full, with_perf=with_perf)
+    verdicts = run_guards(ctx, guards)
+    est = next((v for v in verdicts if v.guard == "perf_estimate"), None)
+    if est is not None and est.status is not Status.SKIP:
+        i = verdicts.index(est)
+        verdicts[i] = est.model_copy(update={
+            "summary": f"(estimate, {ptask.perf.repetitions} calls per side) {est.summary}"})
+    ok = all(v.status in (Status.PASS, Status.SKIP) for v in verdicts if v.guard != "perf_estimate") and any(
+        v.guard == "activation" and v.status is Status.PASS for v in verdicts)
+    logger.info("self-check %s (%s): %s in %.1f s", worktree.name, "full" if full else "quick",
+                "PASS" if ok else "FAIL", time.monotonic() - t0)
+    return SelfCheckReport(ok=ok, verdicts=verdicts, duration_s=round(time.monotonic() - t0, 2), full=full)
 
 
 def baseline_timings(worktree: Path, task: TaskSpec, *, device: str, repetitions: int = 20,
