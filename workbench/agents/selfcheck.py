@@ -38,6 +38,10 @@ reference spent on all 29 fixed workloads of a seed (this machine, loaded); ever
 of the three tasks has at most 25 MiB of inputs."""
 
 
+QUICK_PERF_WORKLOADS = 2
+"""Perf workloads the quick estimate times (the smallest and the largest batch of the task's list)."""
+
+
 def input_bytes(task: TaskSpec, w) -> int:
     """Bytes of one draw of workload ``w``'s inputs (every rank for per-rank inputs)."""
     import torch
@@ -60,7 +64,8 @@ def public_task(task: TaskSpec, *, perf_warmup: int = QUICK_PERF_WARMUP,
     """A copy of ``task`` with no run-time random draws and a short perf run (for self-checks only).
 
     ``quick`` also leaves out the workloads over :data:`QUICK_MAX_INPUT_BYTES` (correctness and perf;
-    at least one perf workload, the smallest, stays).
+    at least one perf workload, the smallest, stays) and times :data:`QUICK_PERF_WORKLOADS` perf
+    workloads at most: the smallest and the largest batch.
     """
     corr = task.correctness.model_copy(update={"random_draws": 0})
     perf = task.perf.model_copy(update={"warmup": perf_warmup, "repetitions": max(10, perf_repetitions)})
@@ -71,6 +76,10 @@ def public_task(task: TaskSpec, *, perf_warmup: int = QUICK_PERF_WARMUP,
         names = {w.name for w in corr.workloads}
         timed = tuple(n for n in perf.workloads if n in names) or (
             min(perf.workloads, key=lambda n: input_bytes(task, task.workload(n))),)
+        if len(timed) > QUICK_PERF_WORKLOADS:  # the smallest and the largest batch
+            by_batch = sorted(timed, key=lambda n: (task.workload(n).axes.get(task.scope.batch_axis, 0),
+                                                    input_bytes(task, task.workload(n))))
+            timed = tuple(n for n in perf.workloads if n in (by_batch[0], by_batch[-1]))
         if not set(timed) <= names:
             corr = corr.model_copy(update={"workloads": corr.workloads + tuple(task.workload(n) for n in timed)})
         perf = perf.model_copy(update={"workloads": timed})
