@@ -73,7 +73,8 @@ class ProgressView:
 
     def guard_finished(self, guard: str, status: str, seconds: float, summary: str) -> None:
         style = STATUS_STYLE.get(status, "")
-        self.console.print(f"  {guard:<12} [{style}]{status:<5}[/] {seconds:6.1f} s  {escape(summary[:120])}")
+        name = escape(guard.ljust(12))
+        self.console.print(f"  {name} [{style}]{status:<5}[/] {seconds:6.1f} s  {escape(summary[:120])}")
 
 
 @contextlib.contextmanager

@@ -79,12 +79,53 @@ def test_check_command_in_a_worktree(repo):
     cmd = [sys.executable, "-m", "workbench", "check", "k3_moe_dispatch", "--base", awt.base_commit, "--no-perf"]
     proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "paths                  PASS" in proc.stdout
+    assert "isolation              PASS" in proc.stdout
     assert "correctness[seed=0]    FAIL" in proc.stdout and "k3_t33" in proc.stdout
     assert "random" not in proc.stdout.split("evidence of")[0].split("correctness[seed=0]")[1].split("k3_t33")[0]
     (awt.worktree / "k3_model/ops/extra.py").write_text("X = 1\n")
     proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "paths                  FAIL" in proc.stdout and "k3_model/ops/extra.py" in proc.stdout
+    assert proc.returncode == 1 and "isolation              FAIL" in proc.stdout and "k3_model/ops/extra.py" in proc.stdout
+
+
+def _git(wt: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(wt), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_check_judges_a_new_untracked_kernel_file_and_touches_no_git_state(repo):
+    """Issue 20 item 1: the self-check is the judge's pipeline on the files as they are. A new, untracked
+    kernel file PASSes every guard (activation included: it is the changed source that ran), then staged
+    and then committed alike; the agent's index, branch and files are left as they were."""
+    from workbench.worktree import create_agent_worktree
+
+    awt = create_agent_worktree(repo, "k3_moe_dispatch")
+    kernel = awt.worktree / "k3_model/kernels/moe_dispatch/__init__.py"
+    kernel.write_text((FIXTURES / "good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py").read_text())
+    cmd = [sys.executable, "-m", "workbench", "check", "k3_moe_dispatch", "--base", awt.base_commit]
+    before = (_git(awt.worktree, "status", "--porcelain"), _git(awt.worktree, "rev-parse", "HEAD"))
+    assert before[0].startswith("?? k3_model/kernels/moe_dispatch/"), before
+    proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for guard in ("isolation", "audit", "correctness[seed=0]", "activation"):
+        assert f"  {guard:<22} PASS" in proc.stdout, proc.stdout
+    assert "  perf_estimate          " in proc.stdout and "(estimate, 10 calls per side)" in proc.stdout
+    assert "[4/5 activation]" not in proc.stdout  # progress goes to stderr, the report to stdout
+    assert (_git(awt.worktree, "status", "--porcelain"), _git(awt.worktree, "rev-parse", "HEAD")) == before
+    _git(awt.worktree, "add", "-A")
+    proc = subprocess.run([*cmd, "--no-perf"], cwd=awt.worktree, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "  activation             PASS" in proc.stdout, proc.stdout + proc.stderr
+    _git(awt.worktree, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qm", "kernel")
+    proc = subprocess.run([*cmd, "--no-perf"], cwd=awt.worktree, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "  activation             PASS" in proc.stdout, proc.stdout + proc.stderr
+    assert _git(awt.worktree, "status", "--porcelain") == ""
+
+
+def test_check_on_an_unchanged_worktree_says_nothing_changed(repo):
+    from workbench.worktree import create_agent_worktree
+
+    awt = create_agent_worktree(repo, "k3_moe_dispatch")
+    cmd = [sys.executable, "-m", "workbench", "check", "k3_moe_dispatch", "--base", awt.base_commit]
+    proc = subprocess.run(cmd, cwd=awt.worktree, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Nothing changed relative to the base commit yet." in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [

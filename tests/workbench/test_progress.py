@@ -44,3 +44,18 @@ def test_reports_reach_the_view_and_advance_keeps_the_phase():
         ("correctness", "TP 2: 5 configurations", 1)]
     assert rec.finished == [("correctness", "PASS")]
     progress.phase("after")  # no view: nothing breaks
+
+
+def test_finished_line_keeps_brackets_of_guard_names_and_summaries():
+    """Terminal markup is escaped: ``correctness[seed=0]`` and ``[k3_t8]`` reach the screen as written."""
+    import io
+
+    from rich.console import Console
+
+    from workbench.progress_view import ProgressView
+
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, force_terminal=False, width=200))
+    view.guard_finished("correctness[seed=0]", "FAIL", 2.0, "wrong at [k3_t8] [bold]x[/bold]")
+    out = buf.getvalue()
+    assert "correctness[seed=0]" in out and "wrong at [k3_t8] [bold]x[/bold]" in out, out
