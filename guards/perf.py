@@ -403,48 +403,63 @@ class PerfGuard:
     def _verdict(self, task, results: list, timed) -> Verdict:
         results.sort(key=lambda r: self._order[r["name"]])
         self._artifacts["perf"] = results
-        bad = [r for r in results if r["verdict"] in ("regression", "no_gain", "below_floor", "side_stream",
-                                                        "tampered", "wrong_output", "busy_outside", "waits",
-                                                        "raised")]
-        table = tuple(
-            Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
-                     path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
-                          f"CI [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}], {r['verdict']}"
-                          + (f", {r['extension_rounds']} extension round(s)" if r.get("extension_rounds") else ""))
-            for r in results)
-        if bad:
-            r = bad[0]
-            what = {"regression": f"slower than the baseline ({r.get('baseline_implementation', 'standard')})",
-                    "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
-                    "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
-                                   "longer tail than the baseline)",
-                    "tampered": f"timed untrustworthily [{r['implementation']}]",
-                    "wrong_output": f"wrong while timed [{r['implementation']}]",
-                    "busy_outside": f"busy between its calls ({r.get('candidate_outside_cpu_us') or 0:.0f} us of CPU "
-                                    "outside them: background or deferred work)",
-                    "waits": f"waiting off-CPU inside its calls ({r.get('wait_excess_us') or 0:.0f} us more than "
-                             "the baseline per call)",
-                    "raised": f"failing while timed [{r['implementation']}]"}.get(
-                r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
-            untimed = [c.name for c in timed if c.name not in {x["name"] for x in results}]
-            rest = (f" {len(untimed)} later configuration(s) not timed: the first failing one decides." if untimed
-                    else "")
-            return Verdict(guard=self.name, status=Status.FAIL,
-                           summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
-                                   f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest}",
-                           evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed))
-        if not timed:
-            return Verdict(guard=self.name, status=Status.SKIP,
-                           summary="No perf workload lies inside the kernel's declared scope on this device.")
-        gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
-        if not gains:  # only a merged base kernel's configurations outside the claim were timed
-            return Verdict(guard=self.name, status=Status.PASS,
-                           summary=f"No regression in the {len(results)} timed configuration(s); none is claimed, "
-                                   "so no gain is required.", evidence=table)
-        return Verdict(guard=self.name, status=Status.PASS,
-                       summary=f"Faster in all {len(gains)} claimed configurations "
-                               f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
-                       evidence=table)
+        return perf_verdict(task, results, [c.name for c in timed], guard=self.name)
+
+
+FAILING_VERDICTS = ("regression", "no_gain", "below_floor", "side_stream", "tampered", "wrong_output", "busy_outside",
+                    "waits", "raised")
+"""Per-configuration verdicts that fail the perf guard."""
+
+
+def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "perf") -> Verdict:
+    """The perf guard's verdict from its per-configuration entries (``results``, in workload order).
+
+    Args:
+        results: one dict per timed configuration (``PerfResult`` fields).
+        timed: names of every configuration that was to be timed (those without an entry were not
+            timed: an earlier one failed).
+        guard: the verdict's guard name.
+    """
+    bad = [r for r in results if r["verdict"] in FAILING_VERDICTS]
+    table = tuple(
+        Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
+                 path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
+                      f"CI [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}], {r['verdict']}"
+                      + (f", {r['extension_rounds']} extension round(s)" if r.get("extension_rounds") else ""))
+        for r in results)
+    if bad:
+        r = bad[0]
+        what = {"regression": f"slower than the baseline ({r.get('baseline_implementation', 'standard')})",
+                "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
+                "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
+                               "longer tail than the baseline)",
+                "tampered": f"timed untrustworthily [{r['implementation']}]",
+                "wrong_output": f"wrong while timed [{r['implementation']}]",
+                "busy_outside": f"busy between its calls ({r.get('candidate_outside_cpu_us') or 0:.0f} us of CPU "
+                                "outside them: background or deferred work)",
+                "waits": f"waiting off-CPU inside its calls ({r.get('wait_excess_us') or 0:.0f} us more than "
+                         "the baseline per call)",
+                "raised": f"failing while timed [{r['implementation']}]"}.get(
+            r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
+        untimed = [n for n in timed if n not in {x["name"] for x in results}]
+        rest = (f" {len(untimed)} later configuration(s) not timed: the first failing one decides." if untimed
+                else "")
+        return Verdict(guard=guard, status=Status.FAIL,
+                       summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
+                               f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest}",
+                       evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed))
+    if not timed:
+        return Verdict(guard=guard, status=Status.SKIP,
+                       summary="No perf workload lies inside the kernel's declared scope on this device.")
+    gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
+    if not gains:  # only a merged base kernel's configurations outside the claim were timed
+        return Verdict(guard=guard, status=Status.PASS,
+                       summary=f"No regression in the {len(results)} timed configuration(s); none is claimed, "
+                               "so no gain is required.", evidence=table)
+    return Verdict(guard=guard, status=Status.PASS,
+                   summary=f"Faster in all {len(gains)} claimed configurations "
+                           f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
+                   evidence=table)
 
 
 PERF_EXTENSION_ROUNDS = 2

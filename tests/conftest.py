@@ -226,3 +226,13 @@ def _suite_model_eval(request, monkeypatch) -> None:
     for k, v in SUITE_MODEL_EVAL.items():
         if k not in os.environ:
             monkeypatch.setenv(k, v)
+
+
+@pytest.fixture(autouse=True)
+def _own_judgings_ledger(request, tmp_path_factory, monkeypatch) -> None:
+    """Each test pools only its own judgings (``workbench.retries``): a candidate judged by two tests in
+    one worker's session repository would otherwise be judged the second time with the first's evidence."""
+    import hashlib
+
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
+    monkeypatch.setenv("WORKBENCH_JUDGINGS", str(tmp_path_factory.getbasetemp() / f"judgings-{digest}.jsonl"))

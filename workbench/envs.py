@@ -27,6 +27,7 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
+| ``WORKBENCH_JUDGINGS`` | path | unset (``.workbench/judgings.jsonl``) | workbench/retries.py | ledger of judgings, pooled per candidate content |
 
 The workbench also *sets* variables that only the agent command reads (:data:`AGENT_VARIABLES`,
 written by workbench/agents/command_backend.py); it never reads them back.
@@ -155,8 +156,12 @@ CORPUS_GUARD_LIMIT_S = EnvVar("WORKBENCH_CORPUS_GUARD_LIMIT_S", int, None,
                               "cap on the corpus's correctness and perf children (seconds)", _CORPUS,
                               empty_is_unset=True)
 
+JUDGINGS = EnvVar("WORKBENCH_JUDGINGS", Path, None,
+                  "ledger of judgings pooled per candidate content (unset: .workbench/judgings.jsonl)",
+                  "workbench/retries.py", empty_is_unset=True)
+
 VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
-    DB, BENCH_LOG_DIR, BENCH_HANG_DUMP_S, *MODEL_EVAL.values(), CORPUS_SUMMARY, CORPUS_GUARD_LIMIT_S)}
+    DB, BENCH_LOG_DIR, BENCH_HANG_DUMP_S, *MODEL_EVAL.values(), CORPUS_SUMMARY, CORPUS_GUARD_LIMIT_S, JUDGINGS)}
 """Every ``WORKBENCH_*`` variable the code reads, by name."""
 
 AGENT_VARIABLES: dict[str, str] = {

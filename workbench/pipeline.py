@@ -146,7 +146,17 @@ def judge_candidate(
     seed = draw_runtime_seed(task) if seed is None else seed
     ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
                        candidate_commit=cand.candidate_commit, device=device, seed=seed)
-    verdicts = run_guards(ctx, default_guards() if guards is None else guards)
+    guards = default_guards() if guards is None else list(guards)
+    verdicts = run_guards(ctx, guards)
+    from workbench import retries
+
+    key = retries.content_key(cand.worktree, task, cand.base_commit, cand.candidate_commit, device,
+                              tuple(g.name for g in guards))
+    pooled = retries.pool(task, verdicts, ctx.artifacts.get("perf", []),
+                          retries.earlier_judgings(state_dir(repo_root), key), device=device, seed=seed)
+    if pooled.judging > 1:
+        logger.info("judging %d of content %s: pooled with %s", pooled.judging, key[:12], ", ".join(pooled.pooled_from))
+    verdicts = pooled.verdicts
     tag = f"-a{attempt}" if attempt is not None else ""
     result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}{tag}-{cand.candidate_commit[:8]}"
     trace = []
@@ -165,10 +175,13 @@ def judge_candidate(
         device=device,
         verdicts=tuple(verdicts),
         accepted=is_accepted(verdicts),
+        content_key=key,
+        judging=pooled.judging,
+        pooled_from=tuple(pooled.pooled_from),
         perf_judged=perf_was_judged(verdicts),
         seed=seed,
         cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
-        perf=tuple(PerfResult(**p) for p in ctx.artifacts.get("perf", [])),
+        perf=tuple(PerfResult(**p) for p in pooled.perf),
         dispatch_trace=tuple(trace[:2000]),
         command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} "
                                             f"--base {cand.base_commit[:12]} --device {device} --seed {seed}"),
@@ -176,6 +189,10 @@ def judge_candidate(
         duration_s=round(time.monotonic() - t0, 3),
     )
     path = write_result(result, state_dir(repo_root) / "results")
+    first = result.first_failure()
+    retries.record_judging(state_dir(repo_root), retries.Judging(
+        key=key, result_id=result.result_id, result_path=str(path), accepted=result.accepted,
+        failed_guard=first.guard if first else ""))
     return result, path
 
 

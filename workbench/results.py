@@ -99,6 +99,8 @@ class PerfResult(_Model):
         wait_excess_us: CPU only; median (wall - CPU) of a candidate call minus the baseline's
             (microseconds); ``waits`` when the candidate spends time off-CPU inside its calls.
         event_median_us: CUDA only; median of the candidate's own CUDA-event samples (second opinion).
+        pooled_judgings: judgings of the same candidate content whose pairs these statistics pool
+            (count; 1: this judging only; ``workbench.retries``).
         extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
             was inconclusive (count; ``guards.perf.PERF_EXTENSION_ROUNDS`` at most).
 
@@ -126,6 +128,7 @@ class PerfResult(_Model):
     wait_excess_us: float | None = None
     event_median_us: float | None = None
     extension_rounds: int = 0
+    pooled_judgings: int = 1
 
 
 class CandidateInfo(_Model):
@@ -166,6 +169,11 @@ class RunResult(_Model):
         perf: per-configuration timings.
         dispatch_trace: decisions recorded while the candidate ran (op, implementation, reason).
         command: the command that reproduces this result.
+        content_key: the candidate's content key (``workbench.retries.content_key``: task, base, device,
+            changed files up to comments and docstrings).
+        judging: 1-based number of this judging of that content; above 1 the verdict pools the evidence
+            of the earlier ones (``pooled_from``).
+        pooled_from: result ids of the earlier judgings of the same content.
         started_at: UTC timestamp (ISO 8601).
         duration_s: whole run (seconds).
     """
@@ -185,6 +193,9 @@ class RunResult(_Model):
     perf: tuple[PerfResult, ...] = ()
     dispatch_trace: tuple[dict[str, Any], ...] = ()
     command: str
+    content_key: str = ""
+    judging: int = 1
+    pooled_from: tuple[str, ...] = ()
     started_at: str
     duration_s: float
 
