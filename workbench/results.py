@@ -99,6 +99,9 @@ class PerfResult(_Model):
         wait_excess_us: CPU only; median (wall - CPU) of a candidate call minus the baseline's
             (microseconds); ``waits`` when the candidate spends time off-CPU inside its calls.
         event_median_us: CUDA only; median of the candidate's own CUDA-event samples (second opinion).
+        load_avg: the machine's highest 1-minute load average while the configuration was timed
+            (runnable processes; with ``cpus``, whether the machine was loaded).
+        cpus: the machine's logical CPUs.
         pooled_judgings: judgings of the same candidate content whose pairs these statistics pool
             (count; 1: this judging only; ``workbench.retries``).
         extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
@@ -129,6 +132,8 @@ class PerfResult(_Model):
     event_median_us: float | None = None
     extension_rounds: int = 0
     pooled_judgings: int = 1
+    load_avg: float | None = None
+    cpus: int | None = None
 
 
 class CandidateInfo(_Model):

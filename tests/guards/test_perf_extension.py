@@ -85,3 +85,29 @@ def test_every_call_problem_counts_the_extension_rounds(project_repo):
     got = perf._every_call_problem(task, None, [{}] * n, [{}] * n, 0, rounds=2)
     assert got == (f"the judge read {n} candidate and {n} baseline output sets for "
                    f"{task.perf.warmup + 2 * task.perf.repetitions} calls")
+
+
+def test_regressions_and_waits_are_re_measured_before_they_fail(project_repo):
+    task = load_task(project_repo, "k3_moe_dispatch")
+    slow = _rec([100.0] * 150, [130.0] * 150)
+    assert perf._needs_another_round(task, "cpu", slow, False, 0) == "slower than the baseline (0.769x)"
+    fine = _rec([100.0] * 150, [90.0] * 150)
+    assert perf._needs_another_round(task, "cpu", fine, True, 0) is None
+    waiting = _rec([100.0] * 150, [90.0] * 150)
+    waiting["candidate"].wall_us = [90.0 + 500.0] * 150  # 500 us a call off-CPU, the baseline none
+    assert perf._needs_another_round(task, "cpu", waiting, True, 0) == "off-CPU waits (500 us a call over the baseline's)"
+    # on CUDA the judge's wall clock is the timer: the same waits are a slowdown there
+    assert perf._needs_another_round(task, "cuda", waiting, True, 0) == "slower than the baseline (0.169x)"
+
+
+def test_a_failure_on_a_loaded_machine_says_the_cause_may_be_the_environment(project_repo):
+    task = load_task(project_repo, "k3_moe_dispatch")
+    row = {"name": "k3_t64", "speedup": 1.02, "speedup_ci": (0.97, 1.08), "baseline_median_us": 100.0,
+           "candidate_median_us": 98.0, "verdict": "no_gain", "load_avg": 3.4, "cpus": 2}
+    v = perf.perf_verdict(task, [row], ["k3_t64"])
+    assert v.status is Status.FAIL
+    assert "The machine was loaded while it was timed (load 3.4 on 2 CPUs, after re-measuring)" in v.summary
+    quiet = perf.perf_verdict(task, [{**row, "load_avg": 0.8}], ["k3_t64"])
+    assert "loaded" not in quiet.summary
+    wrong = perf.perf_verdict(task, [{**row, "verdict": "wrong_output", "implementation": "x"}], ["k3_t64"])
+    assert "loaded" not in wrong.summary  # load does not make outputs wrong
