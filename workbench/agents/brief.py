@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
+from workbench.agents.baseline import BaselineTimings
 from workbench.results import RunResult
 from workbench.taskspec import TaskSpec
 
@@ -34,9 +35,153 @@ def _tensor_lines(kind: str, tensors) -> list[str]:
     return out
 
 
+def workload_line(w) -> str:
+    """One workload as a brief line: name, axes, params, case, note; a part that is empty is left out."""
+    parts = [", ".join(f"{k}={v}" for k, v in w.axes.items()), ", ".join(f"{k}={v}" for k, v in w.params.items()),
+             f"case `{w.case}`" if w.case else ""]
+    note = f" ({w.note})" if w.note else ""
+    return f"- `{w.name}`: " + "; ".join(p for p in parts if p) + note
+
+
+def _bullets(markdown: str) -> list[str]:
+    """``markdown`` split into blocks: each top-level ``- `` bullet with its continuation lines, or a line."""
+    blocks: list[str] = []
+    for line in markdown.strip().splitlines():
+        if blocks and line.startswith((" ", "\t")) and blocks[-1].startswith("- "):
+            blocks[-1] += "\n" + line
+        else:
+            blocks.append(line)
+    return blocks
+
+
+DISTRIBUTED_RULE_PREFIX = "- Distributed tasks"
+"""An ``AGENTS.md`` bullet starting so applies to distributed tasks only; other tasks' briefs leave it out."""
+
+
+def rules_text(agents_md: str, *, distributed: bool) -> str:
+    """``AGENTS.md`` as the brief quotes it: without the distributed-task bullet for a single-process task."""
+    keep = [b for b in _bullets(agents_md) if distributed or not b.startswith(DISTRIBUTED_RULE_PREFIX)]
+    return "\n".join(keep)
+
+
+def _scope_lines(task: TaskSpec, device: str) -> list[str]:
+    s = task.scope
+    tp = f", TP sizes {list(s.tp_sizes)}" if task.distributed is not None else ""
+    lines = [f"- Task scope: devices {list(s.devices)}, phases {list(s.phases)}{tp}, dtypes {list(s.dtypes)} (of input "
+             f"`{s.dtype_input}`), batch axis `{s.batch_axis}` in [{s.batch_min}, {s.batch_max}]. The guards run on "
+             f"**{device}**."]
+    claim = [f"devices: only `{device}` (the device this run judges)", f"phases within {list(s.phases)}",
+             f"dtypes within {list(s.dtypes)}", f"batch within [{s.batch_min}, {s.batch_max}]"]
+    if task.distributed is not None:
+        claim.append(f"TP sizes within {list(s.tp_sizes)} and only world sizes this machine runs (one {device} "
+                     "device per rank)")
+    else:
+        claim.append("TP size 1 only (a single-process task)")
+    lines.append("- Scope rule: `SCOPE` must claim exactly what is judged: " + "; ".join(claim) + ". The activation "
+                 "guard rejects a `SCOPE` that claims a "
+                 + ("device, batch size, dtype, phase or world size" if task.distributed is not None
+                    else "device, batch size, dtype or phase")
+                 + " that is not judged in this run, and fails any judged configuration inside `SCOPE` that did "
+                 "not run your kernel (or one outside it that did).")
+    return lines
+
+
+def _environment_lines(mode: str) -> list[str]:
+    from workbench.agents.command_backend import PLACEHOLDER_MEANINGS
+    from workbench.envs import AGENT_VARIABLES
+
+    if mode == "tools":
+        return ["## Your tools",
+                "You work through the tools `list_files`, `read_file`, `write_file` (refused outside the allowed "
+                "paths), `run_check` (the self-check below) and `submit` (you are done); no shell, no environment "
+                "variables.", ""]
+    lines = ["## Your environment",
+             "The workbench sets these variables for your command (exact names; nothing else of its environment "
+             "reaches you but `PATH`, `LANG`, `LC_ALL`, `TERM`, `TZ`, a private `HOME` and what the person running "
+             "it passed with `--agent-env`):"]
+    lines += [f"- `{name}`: {meaning}" for name, meaning in AGENT_VARIABLES.items()]
+    lines += ["", "The command line that started you (`--agent-cmd`) may use these placeholders:"]
+    lines += [f"- `{{{name}}}`: {meaning}" for name, meaning in PLACEHOLDER_MEANINGS.items()]
+    return lines + [""]
+
+
+def _timing_lines(task: TaskSpec, device: str) -> list[str]:
+    """How the perf guard times on ``device`` and what fails there (only that device's method)."""
+    from guards import perf as P
+
+    pf = task.perf
+    max_reg, alpha = pf.regression_test(device)
+    lines = ["## Performance"]
+    if device not in pf.devices:
+        why = f" ({pf.devices_reason})" if pf.devices_reason else ""
+        return lines + [f"Performance is not judged on {device} for this task (it is on {', '.join(pf.devices)}){why}. "
+                        "A result here is \"correct, perf not judged\"; it never counts as a speedup.", ""]
+    s = task.scope
+    drawn = "" if task.distributed is not None else (
+        f", plus {P.PERF_RANDOM_DRAWS} batch sizes `{s.batch_axis}` drawn at judging time in [{s.batch_min}, "
+        f"{s.batch_max}] (timed where `SCOPE` claims them; judged for regressions only)")
+    lines += [f"Timed workloads: {', '.join(f'`{n}`' for n in pf.workloads)}{drawn}. Required: no configuration "
+              f"slower than the baseline by more than {max_reg:g} % (one-sided test at alpha {alpha:g}), and at "
+              f"least {pf.min_speedup:g}x (median of paired ratios, its {pf.confidence:.0%} bootstrap interval "
+              "above 1) wherever `SCOPE` claims your path runs.", "",
+              "How the judge times (docs/trust-model.md):",
+              "- The judge (the workbench's process) owns the clocks and the inputs: for each call it draws fresh "
+              "inputs, writes them into shared memory, poisons your outputs, says go and reads the outputs at done. "
+              f"Baseline and your kernel get the same inputs per call, interleaved A B / B A; {pf.warmup} warm-up "
+              f"and {pf.repetitions} timed calls per side and workload.",
+              "- **Every** call's outputs are checked, warm-up included: a wrong output while timed fails the run."]
+    if task.distributed is not None:
+        lines.append("- World sizes above 1 are timed inside the rank processes (wall clock on CPU, CUDA events on "
+                     "GPUs, cross-checked against the wall clock); every rank must finish its work inside the call.")
+    if device == "cpu":
+        lines += ["- The clock is the **CPU time of your child process**, all its threads together (no credit for "
+                  "parallelism), read by the judge; your own timers are never read.",
+                  f"- CPU time spent *between* calls fails the run (background or deferred work; allowance "
+                  f"{P.OUTSIDE_CPU_ABS_US:g} us + {P.OUTSIDE_CPU_REL:.0%} of the in-call CPU time per workload).",
+                  "- Waiting off-CPU inside a call (sleeping, blocking) fails the run: the judge's wall clock minus "
+                  f"the CPU time may exceed the baseline's by at most max({P.WAIT_ABS_US:g} us, {P.WAIT_REL:.0%} of "
+                  "the baseline median) per call."]
+    else:
+        lines += ["- The clock is the **judge's wall clock** per call; your process synchronizes the whole device "
+                  "before done, so work on any stream counts.",
+                  "- CUDA events are a second opinion: an event longer than the judge's window (timer tampering) or "
+                  "a median below the physical floor (bytes / copy bandwidth, one launch) fails the run."]
+    lines += [f"- A claimed gain whose median reaches {pf.min_speedup:g}x but whose interval still reaches 1 "
+              f"(inconclusive, e.g. a loaded machine) gets up to {P.PERF_EXTENSION_ROUNDS} extension rounds of "
+              f"{pf.repetitions} more calls per side on fresh inputs, every output checked, before the verdict.", ""]
+    return lines
+
+
+def _baseline_lines(task: TaskSpec, device: str,
+                    baseline: Mapping[str, float] | BaselineTimings | None) -> list[str]:
+    if device not in task.perf.devices:
+        return []
+    measured = baseline.workloads if isinstance(baseline, BaselineTimings) else (baseline or {})
+    if not measured:
+        return ["Baseline medians: not measured for this run.", ""]
+    if isinstance(baseline, BaselineTimings):
+        lines = [f"Baseline (standard path) on this machine ({device}), measured once before you started: median "
+                 f"and 10th-90th percentile range of {baseline.repetitions} timed calls on each of two standard-path "
+                 f"sides after {baseline.warmup} warm-up calls, inputs from public seed {baseline.seed}, timer: "
+                 f"{baseline.timer}:"]
+        for name in task.perf.workloads:
+            t = baseline.workloads.get(name)
+            if t is not None:
+                lines.append(f"- `{name}`: {t.median_us:.1f} us per call (range {t.p10_us:.1f}-{t.p90_us:.1f} us, "
+                             f"{t.spread_pct:.0f} % of the median; {t.samples} samples)")
+    else:
+        lines = [f"Baseline (standard path) medians on this machine ({device}), measured once before you started "
+                 "(spread not measured):"]
+        lines += [f"- `{name}`: {measured[name]:.1f} us per call" for name in task.perf.workloads if name in measured]
+    lines += ["These are rough: a short run with the child's own timer. The judge times the baseline again, "
+              "interleaved with your kernel and with its own clock, at judging time; on a loaded machine its "
+              "numbers can differ by tens of percent. Only the paired ratio decides.", ""]
+    return lines
+
+
 def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit: str, device: str,
-                 baseline_us: Mapping[str, float] | None, mode: Literal["tools", "shell"]) -> str:
-    """The brief's Markdown text.
+                 baseline_us: Mapping[str, float] | BaselineTimings | None, mode: Literal["tools", "shell"]) -> str:
+    """The brief's Markdown text: only what applies to this task, device and backend.
 
     Args:
         task: the task spec.
@@ -44,14 +189,15 @@ def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit
         worktree: the agent's worktree (its path is shown to shell agents; the op's README is read there).
         base_commit: SHA candidates are judged against.
         device: ``cpu`` or ``cuda`` (where the guards will run).
-        baseline_us: perf workload -> standard-path median (microseconds), or ``None``/empty when unknown.
+        baseline_us: the quick baseline (:func:`workbench.agents.baseline.time_baseline`: medians with their
+            spread), or perf workload -> standard-path median (microseconds), or ``None``/empty when unknown.
         mode: ``tools`` for the API backend (list_files/read_file/write_file/run_check/submit),
-            ``shell`` for a CLI agent working in the worktree.
+            ``shell`` for a CLI agent working in the worktree (its variables and placeholders are listed).
 
     Returns:
-        Markdown text.
+        Markdown text. A single-process task's brief carries no distributed-task rule and no TP sizes; a
+        device where the task does not judge perf gets no timing method and no baseline.
     """
-    s = task.scope
     mod, fn = task.target.split(":")
     std_file = mod.replace(".", "/") + ".py"
     lines = [
@@ -64,9 +210,7 @@ def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit
         f"(standard path and argument checks in `{std_file}`; read it first).",
         "- The kernel package defines `SCOPE = OpScope(...)` (from `k3_model.dispatch`) and the entry point; "
         "the dispatcher runs it only inside `SCOPE` and records every decision.",
-        f"- Task scope: devices {list(s.devices)}, phases {list(s.phases)}, TP sizes {list(s.tp_sizes)}, "
-        f"dtypes {list(s.dtypes)} (of input `{s.dtype_input}`), batch axis `{s.batch_axis}` in "
-        f"[{s.batch_min}, {s.batch_max}]. The guards run on **{device}**.",
+        *_scope_lines(task, device),
         "- Axes: " + "; ".join(f"`{k}` = {v.description}" for k, v in task.axes.items()) + ".",
     ]
     if task.axis_params:
@@ -89,25 +233,13 @@ def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit
               "Correctness runs every fixed workload below (three calls each: fresh buffers, the same buffers "
               "refilled with new data, fresh again) plus "
               f"{task.correctness.random_draws} configurations drawn at judging time inside the scope, from a "
-              "seed you never see. Inputs are redrawn on every run.", ""]
-    for w in task.correctness.workloads:
-        axes = ", ".join(f"{k}={v}" for k, v in w.axes.items())
-        params = ", ".join(f"{k}={v}" for k, v in w.params.items())
-        note = f" ({w.note})" if w.note else ""
-        lines.append(f"- `{w.name}`: {axes}; {params}; case `{w.case}`{note}")
-    lines += ["", "## Performance",
-              f"Timed workloads: {', '.join(task.perf.workloads)}. Baseline = the standard path, interleaved "
-              f"with your kernel in one process. Required: no configuration slower by more than "
-              f"{task.perf.max_regression_pct:g} %, and at least {task.perf.min_speedup:g}x (confidence interval "
-              "above 1) wherever `SCOPE` claims your path runs.", ""]
-    if baseline_us:
-        lines.append(f"Baseline medians on this machine ({device}, measured before you started):")
-        for name in task.perf.workloads:
-            if name in baseline_us:
-                lines.append(f"- `{name}`: {baseline_us[name]:.1f} us per call")
-    else:
-        lines.append("Baseline medians: not measured for this run.")
-    lines += ["", "## How to self-check"]
+              "seed you never see before the verdict. Inputs are redrawn on every run.", ""]
+    lines += [workload_line(w) for w in task.correctness.workloads]
+    lines += [""]
+    lines += _timing_lines(task, device)
+    lines += _baseline_lines(task, device, baseline_us)
+    lines += _environment_lines(mode)
+    lines += ["## How to self-check"]
     if mode == "tools":
         lines += ["Call the `run_check` tool: paths, correctness on the public seeds "
                   f"{list(task.correctness.public_seeds)} (fixed workloads only), activation, and a quick perf "
@@ -120,10 +252,12 @@ def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit
                   f"{list(task.correctness.public_seeds)} (fixed workloads only), activation, and a quick perf "
                   "estimate. Leave your files in the worktree when you finish; the workbench commits them."]
     lines += ["A self-check PASS is a hint, not the verdict: the guards judge again with fresh inputs, random "
-              "batch sizes and more timing repetitions.", "", "## Rules", ""]
+              "batch sizes and more timing repetitions. After a rejection the feedback names each failing check, "
+              "its configuration, what was expected and seen, whether the cause is your code or the environment, "
+              "and the command (with that judging's seed) that reproduces it.", "", "## Rules", ""]
     agents_md = Path(repo_root) / "AGENTS.md"
     if agents_md.is_file():
-        lines.append(agents_md.read_text(encoding="utf-8").strip())
+        lines.append(rules_text(agents_md.read_text(encoding="utf-8"), distributed=task.distributed is not None))
     lines.append("")
     return "\n".join(lines)
 
