@@ -1,13 +1,19 @@
 """The brief an agent works from, and the feedback it gets after a rejected attempt.
 
 The brief is rendered from the task spec: target and contract (axes, tensors with shapes and dtypes,
-scope), allowed paths, the fixed workloads and tolerances, the baseline's numbers, how to self-check,
-and the rules (``AGENTS.md``). It is written under ``.workbench/briefs/`` (git-ignored), never into
-the worktree's tracked files. Neither text ever carries a run-time seed: the brief is rendered before
-any seed is drawn, feedback is built from verdicts and cases only (never the result's ``command``),
-and :func:`redact` removes a seed should one ever appear in evidence.
+scope and the scope rule), allowed paths, the fixed workloads and tolerances, how the judge times and
+what fails there, the baseline's medians with their spread and method, the agent's ``WORKBENCH_*``
+variables and command placeholders (shell agents) or tools, how to self-check, and the rules
+(``AGENTS.md``); what does not apply to the task, device or backend is left out. It is written under
+``.workbench/briefs/`` (git-ignored), never into the worktree's tracked files, and is rendered before
+any seed is drawn.
 
-Source: issue 4 ("Brief", "Attempts"); DESIGN.md "Trust model".
+Feedback states, for each failing check, the guard, the cause (candidate or environment), the
+configurations, what was expected and seen, and the command that reproduces it with the judging's
+seed: that seed is spent (each judging draws a fresh one), so showing it helps no later attempt.
+:func:`redact` removes any value a caller says must stay hidden.
+
+Source: issue 4 ("Brief", "Attempts"); issue 20 items 4-5; DESIGN.md "Trust model".
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
+from guards.verdict import Status, Verdict
 from workbench.agents.baseline import BaselineTimings
 from workbench.results import RunResult
 from workbench.taskspec import TaskSpec
@@ -271,43 +278,217 @@ def redact(text: str, secrets: Iterable[int | str]) -> str:
     return text
 
 
-def render_feedback(result: RunResult, *, attempt: int, attempts: int, hidden: Iterable[int | str] = ()) -> str:
-    """Feedback for the next attempt: every verdict, the deciding one's evidence, the failing cases.
+Cause = Literal["candidate", "environment"]
+
+_LOAD_EVIDENCE = re.compile(r"(^|_)(machine_)?load(_|$)")
+_LOAD_WORDS = ("machine load", "loaded machine", "machine was loaded", "contention")
+_ENV_CHILD_PROBLEMS = ("exceeded its", "never started", "response unreadable", "response is not a dict")
+
+
+def failure_cause(verdict: Verdict) -> tuple[Cause, str]:
+    """Whether a FAIL or ERROR verdict points at the candidate or at the environment, and why.
+
+    Environment: the guard broke (ERROR: an infrastructure error, not a judgement); a machine-load
+    signal in the evidence (an evidence item named ``load``/``machine_load``/``..._load_...``) or in the
+    summary; a child that ran past its wall-clock limit, never started or answered unreadably.
+    Everything else a guard FAILs on (a wrong output, a regression, a forbidden path, a scope claim, a
+    crash of your code) is the candidate's.
+
+    Returns:
+        ``(cause, one sentence saying why)``.
+    """
+    if verdict.status is Status.ERROR:
+        return "environment", ("the guard itself broke (an infrastructure error); this is no judgement of your code: "
+                               "re-run the reproduce command, and report it if it persists")
+    load = [e for e in verdict.evidence if _LOAD_EVIDENCE.search(e.name)]
+    if load or any(w in verdict.summary.lower() for w in _LOAD_WORDS):
+        what = f" ({load[0].name} = {load[0].value}{(' ' + load[0].unit) if load[0].unit else ''})" if load else ""
+        return "environment", f"the machine was loaded while this was measured{what}; the same code may pass on a quiet one"
+    for e in verdict.evidence:
+        if e.name.endswith("child_problem") and any(m in str(e.value) for m in _ENV_CHILD_PROBLEMS):
+            if "exceeded its" in str(e.value):
+                return "environment", (f"{e.value}: a child timeout, which a loaded machine can cause; if your code "
+                                       "can loop or wait that long, it is yours")
+            return "environment", f"{e.value}: the judge could not run or read the child"
+    return "candidate", {
+        "correctness": "your kernel's outputs differ from the reference (or your code did not complete)",
+        "perf": "your kernel's timing or its outputs while timed broke a rule of the perf guard",
+        "activation": "your kernel's declared scope or dispatch does not match what ran",
+        "isolation": "your change touches what a candidate may not",
+        "audit": "your source uses a construct the static audit refuses",
+        "model_eval": "the model decodes differently with your kernel",
+    }.get(verdict.guard, f"the {verdict.guard} guard rejected your change")
+
+
+def reproduce_command(result: RunResult) -> str:
+    """The command that judges the same commit with the same seed, so every check sees the same inputs.
+
+    The result's own reproduce command when it names the result's seed (it repeats any
+    ``WORKBENCH_MODEL_EVAL_*`` setting in effect), else a ``workbench verify`` line built from the result.
+    """
+    if result.seed is None or re.search(rf"--seed[ =]{result.seed}(\s|$)", result.command):
+        return result.command  # a schema-1 result without a seed: its own command is all there is
+    return (f"workbench verify {result.task_id} --branch {result.candidate.candidate_commit} "
+            f"--base {result.candidate.base_commit[:12]} --device {result.device} --seed {result.seed}")
+
+
+_EXPECTED = {
+    "isolation": "changes only under the allowed paths, no symlink leaving them, no binary or oversized file",
+    "audit": "source free of the constructs the static audit refuses (see each finding)",
+    "activation": "a plain-data `SCOPE` within what this run judges, your changed code imported, your kernel run "
+                  "exactly inside `SCOPE` and the standard path outside it",
+    "model_eval": "the model's greedy tokens unchanged and its log-probabilities within the drift bound",
+}
+
+
+def _case_line(c) -> str:
+    axes = ", ".join(f"{k}={v}" for k, v in c.axes.items())
+    ranks = f"; {c.world_size} ranks" if c.world_size > 1 else ""
+    return f"`{c.name}` ({axes}; case {c.case}; ran {c.implementation}{ranks})"
+
+
+def _expected_correctness(task: TaskSpec | None) -> str:
+    tol = ""
+    if task is not None:
+        tol = " (" + "; ".join(f"`{n}` {'exact' if t.exact else f'rtol {t.rtol:g}, atol {t.atol:g}'}"
+                               for n, t in task.correctness.tolerance.items()) + ")"
+    return f"every output of every call (fresh, reused and repeated buffers) within tolerance of the reference{tol}"
+
+
+def _expected_perf(task: TaskSpec | None, device: str) -> str:
+    if task is None:
+        return ("no configuration slower than the baseline beyond the task's bound, the claimed gain with its "
+                "interval above 1, every timed call's outputs right, no work between or waiting inside calls")
+    max_reg, _ = task.perf.regression_test(device)
+    return (f"no configuration more than {max_reg:g} % slower than the baseline; at least {task.perf.min_speedup:g}x "
+            f"with the {task.perf.confidence:.0%} interval above 1 where `SCOPE` claims your path; every timed call's "
+            "outputs right; no CPU work between calls, no off-CPU waits inside them")
+
+
+def _perf_seen(p) -> str:
+    extra = []
+    if p.extension_rounds:
+        extra.append(f"{p.extension_rounds} extension round(s)")
+    if p.wait_excess_us is not None and p.verdict == "waits":
+        extra.append(f"{p.wait_excess_us:.0f} us more off-CPU per call than the baseline")
+    if p.candidate_outside_cpu_us is not None and p.verdict == "busy_outside":
+        extra.append(f"{p.candidate_outside_cpu_us:.0f} us CPU between calls")
+    more = f"; {'; '.join(extra)}" if extra else ""
+    return (f"`{p.name}` ({', '.join(f'{k}={v}' for k, v in p.axes.items())}; ran {p.implementation}): {p.verdict}, "
+            f"{p.speedup:.3f}x, CI [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}], baseline {p.baseline_median_us:.1f} "
+            f"us, yours {p.candidate_median_us:.1f} us ({p.timer}){more}")
+
+
+def _evidence_line(e) -> str:
+    where = f" [{e.path}]" if e.path else ""
+    return f"{e.name}{where}: {str(e.value)[:600]}{(' ' + e.unit) if e.unit else ''}"
+
+
+_BAD_PERF = ("regression", "no_gain", "below_floor", "side_stream", "tampered", "wrong_output", "busy_outside", "waits",
+             "raised")
+
+
+def failure_block(result: RunResult, verdict: Verdict, task: TaskSpec | None = None) -> list[str]:
+    """One failing verdict as the feedback states it: guard, cause, configurations, expected, seen, reproduce.
+
+    Args:
+        result: the judged attempt.
+        verdict: one of its FAIL or ERROR verdicts.
+        task: the task spec (for tolerances and thresholds; without it the expectations are stated generally).
+
+    Returns:
+        Markdown lines.
+    """
+    cause, why = failure_cause(verdict)
+    lines = [f"### {verdict.guard}: {verdict.status.value}", f"- Guard: `{verdict.guard}`: {verdict.summary}",
+             f"- Cause: **{cause}**: {why}."]
+    configs: list[str] = []
+    seen: list[str] = []
+    label = "Configurations"
+    if verdict.guard == "correctness":
+        failing = [c for c in result.cases if not c.passed]
+        expected = _expected_correctness(task)
+        for c in failing[:MAX_FEEDBACK_CASES]:
+            configs.append(_case_line(c))
+            seen += [f"`{c.name}`: {m[:300]}" for m in c.mismatches[:3]] or [f"`{c.name}`: wrong (no detail kept)"]
+        if len(failing) > MAX_FEEDBACK_CASES:
+            configs.append(f"... and {len(failing) - MAX_FEEDBACK_CASES} more (`workbench report RESULT` lists all)")
+        label = f"Configurations ({len(failing)} of {len(result.cases)} judged fail)" if failing else label
+    elif verdict.guard == "perf":
+        expected = _expected_perf(task, result.device)
+        bad = [p for p in result.perf if p.verdict in _BAD_PERF]
+        configs = [f"`{p.name}` ({', '.join(f'{k}={v}' for k, v in p.axes.items())})" for p in bad[:MAX_FEEDBACK_CASES]]
+        seen = [_perf_seen(p) for p in bad[:MAX_FEEDBACK_CASES]]
+    else:
+        expected = _EXPECTED.get(verdict.guard, f"a PASS of the {verdict.guard} guard")
+    if not seen:
+        seen = [_evidence_line(e) for e in verdict.evidence[:MAX_EVIDENCE]] or [verdict.summary]
+    if not configs:
+        paths = sorted({e.path for e in verdict.evidence if e.path})
+        configs = [f"`{p}`" for p in paths[:MAX_FEEDBACK_CASES]] or [
+            "not one configuration: the check covers the whole candidate"]
+    if len(configs) == 1:
+        lines.append(f"- {label.removesuffix('s') if label == 'Configurations' else label}: {configs[0]}")
+    else:
+        lines.append(f"- {label}:")
+        lines += [f"  - {c}" for c in configs]
+    lines.append(f"- Expected: {expected}.")
+    lines.append("- Seen:" + (f" {seen[0]}" if len(seen) == 1 else ""))
+    if len(seen) > 1:
+        lines += [f"  - {x}" for x in seen]
+    same = f"same seed {result.seed}" if result.seed is not None else "the recorded seed"
+    lines += [f"- Reproduce exactly this check (same commit, {same}, same inputs; it stops at this guard again):",
+              "", "  ```bash", f"  {reproduce_command(result)}", "  ```",
+              f"  then `workbench report` on the result file it prints. The public-seed self-check "
+              f"(`workbench check {result.task_id} --base {result.candidate.base_commit[:12]}`) runs the fixed "
+              "workloads only and may not reach a configuration drawn at judging time."]
+    return lines
+
+
+def render_feedback(result: RunResult, *, attempt: int, attempts: int, hidden: Iterable[int | str] = (),
+                    task: TaskSpec | None = None) -> str:
+    """Feedback for the next attempt: every verdict, and for each FAIL or ERROR what an agent can act on.
+
+    For each failing verdict (:func:`failure_block`): the guard, whether the cause is the candidate or
+    the environment (:func:`failure_cause`), the configurations (workload names and axes), what was
+    expected and what was seen, and the command that reproduces exactly that check with the judging's
+    seed. That seed is shown: it is spent (every judging draws a fresh one, so knowing it helps no later
+    attempt), and without it a configuration drawn at judging time cannot be reproduced.
 
     Args:
         result: the rejected attempt's result.
         attempt: that attempt's number (1-based).
         attempts: attempts allowed in the run.
-        hidden: values never to show (the run-time seed); redacted if they appear.
+        hidden: values never to show, redacted wherever they appear (e.g. a seed that will judge again).
+        task: the task spec, for tolerances and thresholds in "expected" (optional).
 
     Returns:
-        Markdown text; it never includes the result's reproduce command (which names the seed).
+        Markdown text.
     """
     lines = [f"# Feedback on attempt {attempt} of {attempts}: "
              f"{'ACCEPTED' if result.accepted else 'REJECTED'}", "",
-             f"Judged commit `{result.candidate.candidate_commit[:12]}` (changed: "
-             f"{', '.join(result.candidate.changed_paths) or 'nothing'}).", "", "## Verdicts"]
+             f"Judged commit `{result.candidate.candidate_commit[:12]}` on {result.device}"
+             + (f" with seed {result.seed}" if result.seed is not None else "")
+             + f" (changed: {', '.join(result.candidate.changed_paths) or 'nothing'}). The next attempt is judged "
+             "with a fresh seed.", "", "## Verdicts"]
     for v in result.verdicts:
         lines.append(f"- {v.guard}: {v.status.value}: {v.summary}")
+    failed = [v for v in result.verdicts if v.status in (Status.FAIL, Status.ERROR)]
+    if failed:
+        lines += ["", "## What failed"]
+        for v in failed:
+            lines += [""] + failure_block(result, v, task)
     bad = result.first_failure()
     if bad is not None:
         lines += ["", f"## Evidence from {bad.guard}"]
-        for e in bad.evidence[:MAX_EVIDENCE]:
-            where = f" [{e.path}]" if e.path else ""
-            lines.append(f"- {e.name}{where}: {str(e.value)[:600]}{(' ' + e.unit) if e.unit else ''}")
-    failing = [c for c in result.cases if not c.passed]
-    if failing:
-        lines += ["", f"## Failing configurations ({len(failing)} of {len(result.cases)})"]
-        for c in failing[:MAX_FEEDBACK_CASES]:
-            axes = ", ".join(f"{k}={v}" for k, v in c.axes.items())
-            lines.append(f"- `{c.name}` ({axes}; case {c.case}; ran {c.implementation}):")
-            lines += [f"  - {m[:300]}" for m in c.mismatches[:3]]
-    bad_perf = [p for p in result.perf if p.verdict in ("regression", "no_gain")]
-    if bad_perf:
+        lines += [f"- {_evidence_line(e)}" for e in bad.evidence[:MAX_EVIDENCE]]
+    if any(p.verdict in ("regression", "no_gain") for p in result.perf):
         lines += ["", "## Timing"]
-        for p in result.perf:
-            lines.append(f"- `{p.name}`: {p.speedup:.3f}x (baseline {p.baseline_median_us:.1f} us, yours "
-                         f"{p.candidate_median_us:.1f} us, CI [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}]): {p.verdict}")
-    lines += ["", "Your files from the last attempt are still in the worktree. Reproduce the failure with the "
-              "self-check where you can, fix the cause (never special-case shapes or seeds), and submit again."]
+        lines += [f"- {_perf_seen(p)}" for p in result.perf]
+    causes = {failure_cause(v)[0] for v in failed}
+    advice = ("Where the cause is the candidate, reproduce the failure, fix it (never special-case shapes or seeds) "
+              "and submit again." if "candidate" in causes else
+              "Every failure above points at the environment: reproduce it; if it passes, your code may stand as "
+              "it is.")
+    lines += ["", "Your files from the last attempt are still in the worktree. " + advice]
     return redact("\n".join(lines), hidden)
