@@ -281,6 +281,32 @@ def test_feedback_has_one_block_per_failing_verdict(task):
     assert "- Seen: The audit crashed." in b2
 
 
+def test_feedback_configurations_carry_their_axes(task):
+    """Activation names a workload and its batch; the feedback adds the case's axes. Model eval names its run."""
+    act = Verdict(guard="activation", status=Status.FAIL,
+                  summary="1 configuration(s) ran the wrong implementation; first: k3_t8 (batch 8) expected "
+                          "latency_specialized, ran standard.",
+                  evidence=(Evidence(name="wrong_implementation", value="expected latency_specialized, ran standard",
+                                     path="k3_t8 batch=8"),))
+    cases = (CaseResult(name="k3_t8", axes={"T": 8, "E": 896}, params={}, case="realistic", implementation="standard",
+                        passed=True),)
+    block = _block(render_feedback(_result(SEED, verdicts=(act,), cases=cases), attempt=1, attempts=2, task=task),
+                   "activation")
+    assert "- Configuration: `k3_t8` (T=8, E=896; case realistic; ran standard)\n" in block
+    assert "- Expected: a plain-data `SCOPE` within what this run judges" in block
+    assert "- Seen: wrong_implementation [k3_t8 batch=8]: expected latency_specialized, ran standard\n" in block
+    assert "- Cause: **candidate**: your kernel's declared scope or dispatch does not match what ran" in block
+    me = Verdict(guard="model_eval", status=Status.FAIL, summary="Greedy tokens differ at token 69.",
+                 evidence=(Evidence(name="first_mismatch", value=69, unit="token index", path="sequence 1"),
+                           Evidence(name="batch", value=2, unit="sequences"),
+                           Evidence(name="context_tokens", value=2048, unit="tokens"),
+                           Evidence(name="generated_tokens", value=256, unit="tokens per sequence")))
+    block = _block(render_feedback(_result(SEED, verdicts=(me,), cases=()), attempt=1, attempts=2), "model_eval")
+    assert ("- Configuration: K3-mini decode: batch 2 sequences, a 2048-token context, 256 generated tokens per "
+            "sequence\n") in block
+    assert "  - first_mismatch [sequence 1]: 69 token index\n" in block
+
+
 def test_redact_whole_tokens_only():
     assert redact("seed 42 and 142 and 42x and 4242", [42]) == "seed <redacted> and 142 and 42x and 4242"
 

@@ -384,6 +384,19 @@ def _evidence_line(e) -> str:
     return f"{e.name}{where}: {str(e.value)[:600]}{(' ' + e.unit) if e.unit else ''}"
 
 
+def _evidence_configs(result: RunResult, verdict: Verdict) -> list[str]:
+    """The configurations a verdict's evidence points at (its paths), with their axes where a judged case has
+    that name (the activation guard's paths read ``<workload> batch=<n>``)."""
+    cases = {c.name: c for c in result.cases}
+    out: list[str] = []
+    for path in dict.fromkeys(e.path for e in verdict.evidence if e.path):
+        c = cases.get(path.split(" ", 1)[0])
+        line = _case_line(c) if c is not None else f"`{path}`"
+        if line not in out:
+            out.append(line)
+    return out[:MAX_FEEDBACK_CASES]
+
+
 _BAD_PERF = ("regression", "no_gain", "below_floor", "side_stream", "tampered", "wrong_output", "busy_outside", "waits",
              "raised")
 
@@ -421,12 +434,15 @@ def failure_block(result: RunResult, verdict: Verdict, task: TaskSpec | None = N
         seen = [_perf_seen(p) for p in bad[:MAX_FEEDBACK_CASES]]
     else:
         expected = _EXPECTED.get(verdict.guard, f"a PASS of the {verdict.guard} guard")
+        if verdict.guard == "model_eval":
+            ev = {e.name: e.value for e in verdict.evidence}
+            if {"batch", "context_tokens", "generated_tokens"} <= set(ev):
+                configs = [f"K3-mini decode: batch {ev['batch']} sequences, a {ev['context_tokens']}-token context, "
+                           f"{ev['generated_tokens']} generated tokens per sequence"]
     if not seen:
         seen = [_evidence_line(e) for e in verdict.evidence[:MAX_EVIDENCE]] or [verdict.summary]
     if not configs:
-        paths = sorted({e.path for e in verdict.evidence if e.path})
-        configs = [f"`{p}`" for p in paths[:MAX_FEEDBACK_CASES]] or [
-            "not one configuration: the check covers the whole candidate"]
+        configs = _evidence_configs(result, verdict) or ["not one configuration: the check covers the whole candidate"]
     if len(configs) == 1:
         lines.append(f"- {label.removesuffix('s') if label == 'Configurations' else label}: {configs[0]}")
     else:
