@@ -133,6 +133,7 @@ def test_brief_of_a_distributed_task(repo):
                         baseline_us={"anything": 1.0}, mode="shell")
     assert "- Distributed tasks (`k3_allreduce_rmsnorm`): your op runs in one process per TP rank" in text
     assert "TP sizes [1, 2, 4, 8]" in text
+    assert "TP sizes within [1, 2, 4, 8] and only the world sizes this run judges (one process per rank)" in text
     assert "device, batch size, dtype, phase or world size that is not judged" in text
     # its perf is judged on CUDA only: on CPU no timing method and no baseline
     assert "Performance is not judged on cpu for this task (it is on cuda)" in text

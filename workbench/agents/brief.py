@@ -80,8 +80,8 @@ def _scope_lines(task: TaskSpec, device: str) -> list[str]:
     claim = [f"devices: only `{device}` (the device this run judges)", f"phases within {list(s.phases)}",
              f"dtypes within {list(s.dtypes)}", f"batch within [{s.batch_min}, {s.batch_max}]"]
     if task.distributed is not None:
-        claim.append(f"TP sizes within {list(s.tp_sizes)} and only world sizes this machine runs (one {device} "
-                     "device per rank)")
+        per_rank = "one GPU per rank" if device == "cuda" else "one process per rank"
+        claim.append(f"TP sizes within {list(s.tp_sizes)} and only the world sizes this run judges ({per_rank})")
     else:
         claim.append("TP size 1 only (a single-process task)")
     lines.append("- Scope rule: `SCOPE` must claim exactly what is judged: " + "; ".join(claim) + ". The activation "
