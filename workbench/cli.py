@@ -4,6 +4,11 @@ Exit codes of ``run`` and ``verify``: 0 accepted, 1 rejected, 2 bad input or inf
 3 correct but perf not judged on this device (the task times it elsewhere: never a plain accept, and
 not put in the review queue); the last line printed is the result file's path. No torch import at
 module level (fast ``--help``).
+
+Terminal markup: a string printed with rich markup carries only the workbench's own style tags; every
+value inside it (a verdict's summary, a path, an error) goes through ``rich.markup.escape``, and plain
+lines are printed with ``markup=False``, so text in square brackets is never taken for a tag and
+dropped (issue 20: the console lost "[cuda_event ...]" from a reason the feedback file kept).
 """
 
 from __future__ import annotations
@@ -44,17 +49,15 @@ def _root(repo: Path | None) -> Path:
 
 def _print_result(result, path: Path) -> None:
     style = ACCEPTANCE_STYLE[result.acceptance]
-    console.print(f"{result.task_id} candidate {result.candidate.source}: [{style}]{result.acceptance_label}[/]")
+    console.print(f"{escape(result.task_id)} candidate {escape(result.candidate.source)}: [{style}]{result.acceptance_label}[/]")
     for v in result.verdicts:
         style = STATUS_STYLE[v.status.value]
-        console.print(f"  {v.guard:<12} [{style}]{v.status.value:<5}[/] {v.summary}")
+        console.print(f"  {escape(f'{v.guard:<12}')} [{style}]{v.status.value:<5}[/] {escape(v.summary)}")
     if result.acceptance == "correct_perf_not_judged":
-        from rich.markup import escape
-
         from workbench.report import perf_not_judged_note
 
         console.print(f"  [yellow]{escape(perf_not_judged_note(result))}[/]")
-    console.print(str(path))
+    console.print(str(path), markup=False)
 
 
 def _exit_code(result) -> int:
@@ -102,7 +105,7 @@ def _judging() -> Iterator[None]:
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/] {exc}")
+    err.print(f"[red]error:[/] {escape(str(exc))}")
     raise typer.Exit(EXIT_ERROR)
 
 
@@ -229,18 +232,18 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts:
 
     for rec in result.attempts:
         r = read_result(Path(rec.result_path))
-        console.rule(f"attempt {rec.attempt}/{attempts}: {rec.outcome['stop_reason']}, commit {rec.commit[:10]}")
+        console.rule(escape(f"attempt {rec.attempt}/{attempts}: {rec.outcome['stop_reason']}, commit {rec.commit[:10]}"))
         _print_result(r, Path(rec.result_path))
     u = result.usage
     cost = "unknown (model not in the price table)" if u.cost_usd is None else f"${u.cost_usd:.4f}"
     if u.api_calls:
         console.print(f"tokens: {u.input_tokens} in, {u.output_tokens} out, {u.cache_read_input_tokens} cache read, "
                       f"{u.cache_creation_input_tokens} cache write over {u.api_calls} calls; cost {cost}")
-    console.print(f"run record: {result.record_path}")
+    console.print(f"run record: {result.record_path}", markup=False)
     if result.final_path is None:
         _fail(WorkbenchError("no attempt was judged."))
     _enqueue(root, result.final, result.final_path, no_queue)
-    console.print(str(result.final_path))
+    console.print(str(result.final_path), markup=False)
     raise typer.Exit(_exit_code(result.final))
 
 
@@ -301,7 +304,7 @@ def clean(
     kept += [f"{r.kept_held} held by the review queue"] if r.kept_held else []
     console.print(f"removed {r.removed} worktree(s), freed {decimal(r.freed_bytes)}"
                   + (f"; kept {' and '.join(kept)}" if kept else "")
-                  + (f"; deleted {r.deleted_branches} branch(es)" if branches else ""))
+                  + (f"; deleted {r.deleted_branches} branch(es)" if branches else ""), markup=False)
 
 
 @app.command()
@@ -328,16 +331,16 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         _fail(exc)
     if ra.task_id != rb.task_id:
         _fail(WorkbenchError(f"Result files are for different tasks ({ra.task_id} vs {rb.task_id}); compare runs of one task."))
-    t = Table(title=f"{ra.task_id}: {a.name} vs {b.name}")
+    t = Table(title=escape(f"{ra.task_id}: {a.name} vs {b.name}"))
     for col in ("config", "A speedup", "B speedup", "A verdict", "B verdict"):
         t.add_column(col)
     pb = {p.name: p for p in rb.perf}
     for p in ra.perf:
         q = pb.get(p.name)
-        t.add_row(p.name, f"{p.speedup:.3f}x", f"{q.speedup:.3f}x" if q else "-", p.verdict, q.verdict if q else "-")
+        t.add_row(escape(p.name), f"{p.speedup:.3f}x", f"{q.speedup:.3f}x" if q else "-", p.verdict, q.verdict if q else "-")
     console.print(t)
     console.print(f"A: {ra.acceptance_label.lower()} on {ra.device} {ra.environment.get('gpu_name') or ''}; "
-                  f"B: {rb.acceptance_label.lower()} on {rb.device} {rb.environment.get('gpu_name') or ''}")
+                  f"B: {rb.acceptance_label.lower()} on {rb.device} {rb.environment.get('gpu_name') or ''}", markup=False)
 
 
 @app.command()
@@ -359,9 +362,9 @@ def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")
             s = load_task(root, tid)
         except WorkbenchError as exc:
             problems.append(exc)
-            t.add_row(tid, "[red]invalid[/]", "see the error below", "", "")
+            t.add_row(escape(tid), "[red]invalid[/]", "see the error below", "", "")
             continue
-        t.add_row(tid, s.op, s.target, ", ".join(s.allowed_paths), str(len(s.correctness.workloads)))
+        t.add_row(*(escape(x) for x in (tid, s.op, s.target, ", ".join(s.allowed_paths), str(len(s.correctness.workloads)))))
     console.print(t)
     for exc in problems:
         err.print(f"[red]error:[/] {escape(str(exc))}")
@@ -386,18 +389,19 @@ def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: s
     t0, tally = time.monotonic(), {"as expected": 0, "NOT as expected": 0, "skipped": 0}
     for fx in fixtures:
         if not fx.runs_on(dev):
-            console.print(f"skip fixture {fx.name}: judged on {', '.join(fx.devices or ())} only (fixtures/requires.toml)")
+            console.print(f"skip fixture {fx.name}: judged on {', '.join(fx.devices or ())} only (fixtures/requires.toml)",
+                          markup=False)
             tally["skipped"] += 1
             continue
         expect = "accepted" if fx.good else f"rejected by {fx.expected_guard}"
-        console.rule(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})")
+        console.rule(escape(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})"))
         try:
             with _judging():
                 result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
         except CandidateError as exc:
             if "changes nothing" not in str(exc):
                 raise
-            console.print(f"  => [yellow]skipped[/]: {fx.name} is already merged at the base (its files are in HEAD), "
+            console.print(f"  => [yellow]skipped[/]: {escape(fx.name)} is already merged at the base (its files are in HEAD), "
                           "so there is nothing to judge")
             tally["skipped"] += 1
             continue
@@ -406,10 +410,10 @@ def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: s
         all_ok &= ok
         _print_result(result, path)
         why = failure.summary if failure else "every guard passed"
-        console.print(f"  => {'[green]as expected[/]' if ok else '[red]NOT as expected[/]'}: {why}")
+        console.print(f"  => {'[green]as expected[/]' if ok else '[red]NOT as expected[/]'}: {escape(why)}")
         tally["as expected" if ok else "NOT as expected"] += 1
     console.print(f"{task_id}: {len(fixtures)} fixture(s) in {time.monotonic() - t0:.0f} s: "
-                  + ", ".join(f"{n} {k}" for k, n in tally.items()))
+                  + ", ".join(f"{n} {k}" for k, n in tally.items()), markup=False)
     return all_ok
 
 
@@ -514,7 +518,7 @@ def bench(
                          world_sizes=world_size)
     except (WorkbenchError, ValueError, RuntimeError) as exc:
         _fail(exc)
-    console.print(str(path))
+    console.print(str(path), markup=False)
 
 
 from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue; light imports only)
@@ -538,7 +542,7 @@ def model_generate(
 
     try:
         for p in write_checkpoint(out, config=config, seed=seed):
-            console.print(str(p))
+            console.print(str(p), markup=False)
     except ValueError as exc:
         _fail(exc)
 

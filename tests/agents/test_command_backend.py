@@ -46,11 +46,13 @@ def test_scripted_agent_iterates_via_cli(repo):
     first = read_result(Path(a1["result_path"]))
     assert first.first_failure().guard == "correctness"
     assert a1["commit"] != a2["commit"] and a1["result_path"] != a2["result_path"]
-    # attempt 2 started from the feedback on attempt 1, which names the failing case but no seed
+    # attempt 2 started from the feedback on attempt 1: the failing case, its cause, and the command that
+    # reproduces it with attempt 1's (spent) seed; the brief, written before any judging, names no seed
     feedback = Path(a2["feedback_path"]).read_text()
-    assert "REJECTED" in feedback and "k3_t33" in feedback
+    assert "REJECTED" in feedback and "k3_t33" in feedback and "- Cause: **candidate**" in feedback
     seed1 = first.command.rsplit("--seed ", 1)[1]
-    assert seed1 not in feedback and seed1 not in Path(record["brief_path"]).read_text()
+    assert f"  {first.command}\n" in feedback and first.command.endswith(f"--seed {first.seed}")
+    assert seed1 not in Path(record["brief_path"]).read_text()
     # the brief is outside the worktree and tells the shell agent how to self-check
     brief = Path(record["brief_path"])
     assert not brief.is_relative_to(Path(record["worktree"]))

@@ -231,3 +231,37 @@ def test_tasks_shows_a_broken_task_toml_whole_and_exits_2(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: Task 'broken_task' (")
     assert lines[0].endswith("Fix the syntax.") and len(lines[0]) > 80  # the whole message, fix included
+
+
+def test_verdict_text_in_square_brackets_is_printed_whole(monkeypatch, tmp_path):
+    """Issue 20: the console dropped "[cuda_event ...]" from a perf reason (rich took it for a tag)."""
+    import io
+
+    from rich.console import Console
+
+    from guards.verdict import Evidence, Status, Verdict
+    from workbench import cli
+    from workbench.results import CandidateInfo, RunResult
+
+    summary = ("1 configuration(s) fail; first: k3_t1 is timed untrustworthily [cuda_event (CUDA events longer than "
+               "the judge's window: timer tampering)]: 1.100x (CI 0.968-1.193).")
+    result = RunResult(
+        result_id="r", task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+        candidate=CandidateInfo(source="[red]wb/x[/red]", kind="branch", branch="wb/x", worktree="/w",
+                                base_commit="b" * 40, candidate_commit="c" * 40),
+        environment={}, device="cuda", verdicts=(Verdict(guard="perf", status=Status.FAIL, summary=summary,
+                                                         evidence=(Evidence(name="e", value=1),)),),
+        accepted=False, seed=1, command="workbench verify k3_moe_dispatch --branch x --seed 1",
+        started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=400, highlight=False, soft_wrap=True))
+    cli._print_result(result, tmp_path / "[bold]r.json")
+    text = out.getvalue()
+    assert "k3_moe_dispatch candidate [red]wb/x[/red]: REJECTED\n" in text
+    assert f"  perf         FAIL  {summary}\n" in text
+    assert text.endswith(f"{tmp_path}/[bold]r.json\n")
+    err = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=err, width=400, highlight=False, soft_wrap=True))
+    with pytest.raises(cli.typer.Exit):
+        cli._fail(ValueError("--device [gpu]: expected cpu, cuda or auto."))
+    assert err.getvalue() == "error: --device [gpu]: expected cpu, cuda or auto.\n"

@@ -37,7 +37,19 @@ from workbench.errors import AgentError
 
 logger = logging.getLogger("workbench.agents.command")
 
-PLACEHOLDERS = ("brief_file", "prompt_file", "prompt", "feedback_file", "worktree", "task", "base", "attempt", "attempts")
+PLACEHOLDER_MEANINGS: dict[str, str] = {
+    "brief_file": "path of the brief file",
+    "prompt_file": "path of the prompt file (the brief, then the previous attempt's feedback)",
+    "prompt": "the prompt file's text",
+    "feedback_file": "path of the previous attempt's feedback file (empty on the first attempt)",
+    "worktree": "path of the candidate's worktree (the command's working directory)",
+    "task": "the task id",
+    "base": "the base commit",
+    "attempt": "this attempt's number (from 1)",
+    "attempts": "how many attempts the run allows",
+}
+"""Every placeholder of ``--agent-cmd`` and what it is replaced with (the brief lists them from here)."""
+PLACEHOLDERS = tuple(PLACEHOLDER_MEANINGS)
 BASE_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
 """Variables every command agent gets from the workbench's environment (when set)."""
 MAX_OUTPUT_CHARS = 200_000

@@ -4,7 +4,8 @@
 writes the brief to ``.workbench/briefs/<task>-<n>.md``, then for each attempt: writes the feedback
 and prompt files, lets the backend change the worktree, commits whatever it left (hooks off, leftovers
 cleaned), and judges that commit with the guards under a fresh run-time seed (never a public seed,
-never shown to the agent). After a rejection the next attempt gets the verdicts and evidence; the run
+never shown to the agent before its verdict; the feedback's reproduce command names it
+afterwards). After a rejection the next attempt gets the verdicts and evidence; the run
 stops at the first accepted attempt, when the attempts are used up, or when the backend cannot revise.
 Each attempt keeps its commit, result file (``<task>-<n>-a<k>-<sha8>.json``) and transcript
 (``.workbench/transcripts/<task>-<n>-a<k>.jsonl``); the run record ``.workbench/runs/<task>-<n>.json``
@@ -139,7 +140,8 @@ def run_agent(
         WorkbenchError: the task, base or worktree is unusable; AgentError when the backend cannot run
             (the run record then has status ``error``).
     """
-    from workbench.agents.selfcheck import baseline_timings, self_check
+    from workbench.agents.baseline import time_baseline
+    from workbench.agents.selfcheck import self_check
     from workbench.pipeline import detect_device, draw_runtime_seed, judge_candidate
     from workbench.taskspec import load_task
 
@@ -155,7 +157,7 @@ def run_agent(
     sd = state_dir(root)
     logger.info("agent run %s: backend %s, %d attempt(s), worktree %s, base %s", awt.name, backend.label, attempts,
                 awt.worktree, awt.base_commit[:12])
-    baseline = baseline_timings(awt.worktree, task, device=dev) if measure_baseline else {}
+    baseline = time_baseline(awt.worktree, task, device=dev) if measure_baseline else None
     brief_text = render_brief(task, repo_root=root, worktree=awt.worktree, base_commit=awt.base_commit, device=dev,
                               baseline_us=baseline, mode=getattr(backend, "brief_mode", "shell"))
     briefs = sd / "briefs"
@@ -216,7 +218,8 @@ def run_agent(
             if bad is not None and bad.status.value == "ERROR":
                 logger.info("agent run %s: a guard broke (ERROR); stopping, the verdict is not a judgement", awt.name)
                 break
-            feedback_text = render_feedback(result, attempt=k, attempts=attempts, hidden=[seed])
+            # the seed is spent (the next attempt draws a fresh one): the feedback's reproduce command names it
+            feedback_text = render_feedback(result, attempt=k, attempts=attempts, task=task)
             feedback_path = briefs / f"{awt.name}-a{k}.feedback.md"
             feedback_path.write_text(feedback_text, encoding="utf-8")
     except KeyboardInterrupt as exc:

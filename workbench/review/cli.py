@@ -65,7 +65,7 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
         item, created = submit_result(store, result_path)
         store.close()
     except WorkbenchError as exc:
-        err.print(f"[yellow]review queue:[/] not queued: {exc}")
+        err.print(f"[yellow]review queue:[/] not queued: {escape(str(exc))}")
         return
     err.print(f"review queue: {'queued' if created else 'already queued'} as #{item.id} "
               f"(workbench review show {item.id})")
@@ -106,8 +106,8 @@ def list_(
     for col in ("id", "task", "state", "branch", "base", "candidate", "target", "updated (UTC)", "reason"):
         t.add_column(col)
     for it in items:
-        t.add_row(str(it.id), it.task_id, _state_cell(it.state), it.branch, it.base_commit[:10],
-                  it.candidate_commit[:10], it.target_branch, it.updated_at[:19], (it.reason or "")[:60])
+        t.add_row(str(it.id), escape(it.task_id), _state_cell(it.state), escape(it.branch), it.base_commit[:10],
+                  it.candidate_commit[:10], escape(it.target_branch), it.updated_at[:19], escape((it.reason or "")[:60]))
     console.print(t)
 
 
@@ -129,25 +129,25 @@ def show(
     console.print(f"#{item.id} {item.task_id} {_state_cell(item.state)}  {item.branch} "
                   f"{item.base_commit[:10]} -> {item.candidate_commit[:10]} into {item.target_branch}")
     if item.reason:
-        console.print(f"reason: {item.reason}")
+        console.print(f"reason: {item.reason}", markup=False)
     if item.merge_commit:
         console.print(f"merge commit: {item.merge_commit}")
     t = Table(title="verdicts")
     for col in ("guard", "status", "summary"):
         t.add_column(col)
     for v in result.verdicts:
-        t.add_row(v.guard, v.status.value, v.summary)
+        t.add_row(escape(v.guard), v.status.value, escape(v.summary))
     console.print(t)
     if result.perf:
         p = Table(title="perf (median per call)")
         for col in ("config", "axes", "baseline (us)", "candidate (us)", "speedup", "CI", "verdict"):
             p.add_column(col)
         for r in result.perf:
-            p.add_row(r.name, " ".join(f"{k}={v}" for k, v in r.axes.items()), f"{r.baseline_median_us:.1f}",
+            p.add_row(escape(r.name), " ".join(f"{k}={v}" for k, v in r.axes.items()), f"{r.baseline_median_us:.1f}",
                       f"{r.candidate_median_us:.1f}", f"{r.speedup:.3f}x",
                       f"[{r.speedup_ci[0]:.3f}, {r.speedup_ci[1]:.3f}]", r.verdict)
         console.print(p)
-    console.print(f"changed paths: {', '.join(result.candidate.changed_paths)}")
+    console.print(f"changed paths: {', '.join(result.candidate.changed_paths)}", markup=False)
     if item.state in ("queued", "approved"):
         import git
 
@@ -156,13 +156,13 @@ def show(
             console.print("merge: " + ("[magenta]stale[/] (base moved, conflicts: " + ", ".join(chk.conflicts) + ")"
                                        if chk.stale else "clean" + (" (target moved since judgement)" if chk.base_moved else "")))
         except WorkbenchError as exc:
-            console.print(f"merge check: {exc}")
-    console.print(f"reproduce: {result.command}")
+            console.print(f"merge check: {exc}", markup=False)
+    console.print(f"reproduce: {result.command}", markup=False)
     h = Table(title="history")
     for col in ("when (UTC)", "who", "from", "to", "note"):
         h.add_column(col)
     for tr in item.transitions:
-        h.add_row(tr.at[:23], tr.who, tr.from_state or "", _state_cell(tr.to_state), (tr.note or "")[:100])
+        h.add_row(tr.at[:23], escape(tr.who), tr.from_state or "", _state_cell(tr.to_state), escape((tr.note or "")[:100]))
     console.print(h)
 
 
@@ -200,7 +200,7 @@ def reject(
         item = service.reject(store, item_id, reviewer=reviewer or service.default_reviewer(root), reason=reason)
     except WorkbenchError as exc:
         _refused_or_fail(exc)
-    console.print(f"#{item.id} rejected: {item.reason}")
+    console.print(f"#{item.id} rejected: {item.reason}", markup=False)
 
 
 @review_app.command()
