@@ -188,7 +188,10 @@ class CompileCache:
             CompileKeyError: ``key`` is not a tuple of plain values (:func:`check_key`).
             CuteDSLUnavailable: from ``build``, where cutlass is missing.
         """
-        fn = self._compiled.get(key)
+        try:
+            fn = self._compiled.get(key)
+        except TypeError:  # unhashable: not a key at all
+            fn = None
         if fn is not None:
             return fn
         check_key(key)
