@@ -50,7 +50,9 @@ def test_every_workload_and_random_draws_pass_the_checker():
 
 
 def test_graph_replay_recomputes_on_new_inputs():
+    from workbench.taskspec import load_task
+
     chk = _check_module()
     inp, ref, cute = _modules(chk)
-    got = chk.capture(cute, inp, ref)
+    got = chk.capture(cute, inp, ref, load_task(ROOT, "k3_moe_dispatch"))
     assert got == {"replay_msgs": [], "unwritten": 0}
