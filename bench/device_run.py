@@ -63,7 +63,8 @@ from workbench import envs  # noqa: E402
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SMI_FIELDS = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit,temperature.gpu"
 GIT_BASE = "git init -q && git add -A && git -c user.name=wb -c user.email=wb@local commit -qm base"
-SITE_PTH = "import sys; sys.path.insert(0, '/tmp/site')"
+SITE_PTH = "import sys; sys.path.insert(0, '/tmp/site'); import site; site.addsitedir('/tmp/site')"
+"""A .pth line: /tmp/site first on the path, and its own .pth files read (CuTe DSL's adds its dsl_packages)."""
 
 
 class StepError(ValueError):

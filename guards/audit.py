@@ -27,8 +27,10 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   kept across calls (``def f(x, _cache={})``, ``_n=[0]``) out of sight of the ``global-state`` rule;
 - ``lazy-tensor``: tensor subclasses and ``__torch_function__``/``__torch_dispatch__`` hooks.
 
-Compile caches keyed by dtype or block size (what CuTe DSL and Triton kernels keep) do not match
-these rules, and neither does plain tensor code: the good fixtures must pass. ``None``, numbers,
+Compile caches keyed by dtype, block size or shape class (``x.shape[1]``, ``x.size(0)``: what CuTe DSL
+and Triton kernels keep, e.g. ``kernels.cutedsl.CompileCache``) do not match these rules as long as the
+stored value is built from no tensor, copy or tensor factory (a shape-keyed store of tensors is an
+output cache, and still a finding), and neither does plain tensor code: the good fixtures must pass. ``None``, numbers,
 strings, tuples, ``frozenset()`` and dtypes as defaults are immutable and never flagged. State held in
 a closure built by a factory or on an object's attributes is not seen (it looks the same as a compile
 cache or an autotuner's configuration); the runtime guards exist for what the source does not show.
@@ -109,6 +111,9 @@ VALUE_MARKERS = {"clone", "detach", "cpu", "copy", "deepcopy", "to"}
 """Names that make a stored value a copy of tensors (an output cache)."""
 SAFE_TENSOR_ATTRS = {"dtype", "device", "is_cuda", "ndim", "layout", "is_contiguous"}
 """Tensor attributes a compile cache may key on."""
+SHAPE_ATTRS = {"shape", "size", "dim", "numel", "ndimension"}
+"""Tensor attributes that give a shape class (E, K, a batch size): a compile cache may key on them when
+what it stores is not built from the call's tensors (no tensor, copy or tensor factory in the value)."""
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "__setitem__", "appendleft", "put"}
 CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary",
                    "WeakKeyDictionary", "ChainMap"}
@@ -241,25 +246,41 @@ class _PyAudit(ast.NodeVisitor):
             return name in CONTAINER_CALLS
         return False
 
-    def _bare_names(self, node: ast.AST, depth: int = 0) -> set[str]:
-        """Names used in ``node`` (following local aliases), without tensors seen only through safe
-        attributes such as ``x.dtype``."""
+    def _bare_names(self, node: ast.AST, depth: int = 0, safe: frozenset[str] | set[str] = SAFE_TENSOR_ATTRS) -> set[str]:
+        """Names used in ``node`` (following local aliases), without tensors seen only through
+        ``safe`` attributes such as ``x.dtype`` (the attribute names themselves are kept)."""
         out: set[str] = set()
         safe_roots = {id(n.value) for n in ast.walk(node)
-                      if isinstance(n, ast.Attribute) and n.attr in SAFE_TENSOR_ATTRS}
+                      if isinstance(n, ast.Attribute) and n.attr in safe}
         for n in ast.walk(node):
             if isinstance(n, ast.Name) and id(n) not in safe_roots:
                 out.add(n.id)
                 if n.id in self.aliases and depth < 3:
-                    out |= self._bare_names(self.aliases[n.id], depth + 1)
+                    out |= self._bare_names(self.aliases[n.id], depth + 1, safe)
             elif isinstance(n, ast.Attribute):
                 out.add(n.attr)
         return out
 
-    def _tensorish(self, node: ast.AST, markers: set[str]) -> str | None:
+    def _tensorish(self, node: ast.AST, markers: set[str], safe: frozenset[str] | set[str] = SAFE_TENSOR_ATTRS) -> str | None:
         """Why a key or value expression is derived from the call's tensors, or ``None``."""
-        hit = sorted(self._bare_names(node) & (markers | self.tensor_names))
+        hit = sorted(self._bare_names(node, safe=safe) & (markers | self.tensor_names))
         return ", ".join(hit[:3]) if hit else None
+
+    def _cache_store_why(self, key: ast.AST, value: ast.AST | None) -> str | None:
+        """Why storing ``value`` under ``key`` in a module-level container is an output cache, or ``None``.
+
+        A key from the tensors' identity or content (``data_ptr``, ``id``, ``item``, the tensor itself)
+        is always one. A key from their dtype and shape class only (``x.dtype``, ``x.shape[1]``,
+        ``x.size(0)``) is a compile cache when the stored value is built from no tensor, copy or tensor
+        factory (``cute.compile(...)``, a kernel object); otherwise it caches outputs by shape.
+        """
+        why_key = self._tensorish(key, KEY_MARKERS)
+        if why_key:
+            if self._tensorish(key, KEY_MARKERS, safe=SAFE_TENSOR_ATTRS | SHAPE_ATTRS) is None and value is not None \
+                    and self._tensorish(value, VALUE_MARKERS | TENSOR_FACTORIES, safe=SAFE_TENSOR_ATTRS | SHAPE_ATTRS) is None:
+                return None
+            return why_key
+        return self._tensorish(value, VALUE_MARKERS) if value is not None else None
 
     def _is_local(self, name: str) -> bool:
         return bool(self.locals_stack) and name in self.locals_stack[-1]
@@ -409,8 +430,7 @@ class _PyAudit(ast.NodeVisitor):
             if root in ("sys", "builtins", "__builtins__") or (root and self.imported.get(root, "").startswith("sys")):
                 self.add(node, "monkeypatch", f"assigns into {root}: patches interpreter state")
             elif root in self.module_containers and self.func_depth and not self._is_local(root):
-                why = self._tensorish(target.slice, KEY_MARKERS) or (
-                    self._tensorish(value, VALUE_MARKERS) if value is not None else None)
+                why = self._cache_store_why(target.slice, value)
                 if aug:
                     self.add(node, "global-state", f"updates {root}[...] inside a function: per-call counter or cache")
                 elif why:
@@ -451,8 +471,11 @@ class _PyAudit(ast.NodeVisitor):
         if isinstance(f, ast.Attribute):
             root = _root_name(f)
             if f.attr in MUTATORS and root in self.module_containers and self.func_depth and not self._is_local(root):
-                why = next(filter(None, (self._tensorish(a, KEY_MARKERS | VALUE_MARKERS)
-                                         for a in [*node.args, *(k.value for k in node.keywords)])), None)
+                if f.attr in ("setdefault", "__setitem__") and len(node.args) == 2 and not node.keywords:
+                    why = self._cache_store_why(node.args[0], node.args[1])  # (key, value), as a subscript store
+                else:
+                    why = next(filter(None, (self._tensorish(a, KEY_MARKERS | VALUE_MARKERS)
+                                             for a in [*node.args, *(k.value for k in node.keywords)])), None)
                 if why:
                     self.add(node, "global-state", f"{root}.{f.attr}(...) with values from the call's tensors ({why}): "
                                                    "an output cache")

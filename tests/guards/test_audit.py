@@ -65,6 +65,11 @@ BAD = [
     ("global-state", "_C = {}\n" + SIG + "    k = id(router_logits)\n    _C[k] = 1\n", 4),
     ("global-state", "_C = {}\n" + SIG + "    _C[(1, 2)] = kw['topk_weights'].clone()\n", 3),
     ("global-state", "_C = []\n" + SIG + "    _C.append(router_logits)\n", 3),
+    # keyed by shape class but storing tensors: outputs cached by shape, not a compile cache
+    ("global-state", "_C = {}\n" + SIG + "    _C[tuple(router_logits.shape)] = kw['topk_ids'].clone()\n", 3),
+    ("global-state", "_C = {}\n" + SIG + "    _C[router_logits.shape[1]] = router_logits\n", 3),
+    ("global-state", HEAD + "_C = {}\n" + SIG + "    _C[router_logits.size(0)] = torch.empty(4)\n", 6),
+    ("global-state", "_C = {}\n" + SIG + "    _C.setdefault(router_logits.shape[1], router_logits.cpu())\n", 3),
     ("global-state", "_N = [0]\n" + SIG + "    _N[0] += 1\n", 3),
     ("global-state", "_N = 0\n" + SIG + "    global _N\n    _N += 1\n", 3),
     ("global-state", "import functools\n@functools.lru_cache(None)\n" + SIG + "    pass\n", 2),
@@ -121,6 +126,13 @@ HONEST = [
     # compile caches keyed by dtype or block size, as CuTe DSL / Triton kernels keep them
     "_KERNELS = {}\n" + SIG + "    key = (router_logits.dtype, kw['block_size'])\n    _KERNELS[key] = object()\n",
     "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block_size, dtype):\n    return block_size\n",
+    # compile caches keyed by dtype and shape class (issue 13: CuTe DSL compiles once per (E, K, ...))
+    "_KERNELS = {}\n" + SIG + "    E = router_logits.shape[1]\n    key = (router_logits.dtype, E, kw['top_k'])\n"
+    "    if key not in _KERNELS:\n        _KERNELS[key] = compile_kernel(*key)\n    _KERNELS[key](router_logits)\n",
+    "_KERNELS = {}\n" + SIG + "    _KERNELS[(router_logits.dtype, router_logits.size(1), kw['block_size'])] = build(3)\n",
+    "_KERNELS = {}\n" + SIG + "    fn = _KERNELS.setdefault(router_logits.shape[1:], build(router_logits.shape[1]))\n",
+    "from kernels.cutedsl import CompileCache\nKERNELS = CompileCache('k', build)\n" + SIG
+    + "    KERNELS.get((router_logits.shape[1], kw['top_k']))(router_logits)\n",
     # local counters and buffers, in-place updates of the outputs, CUDA graphs, current stream
     HEAD + SIG + "    n = 0\n    n += 1\n    buf = []\n    buf.append(router_logits.sum())\n"
     "    kw['topk_ids'].fill_(-1)\n    g = torch.cuda.CUDAGraph()\n    s = torch.cuda.current_stream()\n",

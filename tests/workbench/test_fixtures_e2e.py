@@ -61,5 +61,6 @@ def test_every_task_has_good_and_bad_fixtures():
 def test_device_only_fixtures_are_declared_and_skipped_elsewhere():
     fxs = {f.name: f for f in list_fixtures(load_task(REPO_ROOT, "k3_moe_dispatch"))}
     assert fxs["triton-cuda"].devices == ("cuda",) and not fxs["triton-cuda"].runs_on("cpu")
+    assert fxs["cutedsl-cuda"].devices == ("cuda",) and not fxs["cutedsl-cuda"].runs_on("cpu")  # CuTe DSL
     assert fxs["lean-torch-cpu"].runs_on("cpu") and not fxs["lean-torch-cpu"].runs_on("cuda")
     assert fxs["perf-slower"].devices is None and fxs["perf-slower"].runs_on("cuda")
