@@ -468,7 +468,9 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
         return Verdict(guard=guard, status=Status.FAIL,
                        summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
                                f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest}",
-                       evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed))
+                       evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed)
+                       + ((Evidence(name="machine_load", value=r["load_avg"], unit=f"load average on {r['cpus']} CPUs",
+                                    path=r["name"]),) if loaded(r) else ()))
     if not timed:
         return Verdict(guard=guard, status=Status.SKIP,
                        summary="No perf workload lies inside the kernel's declared scope on this device.")

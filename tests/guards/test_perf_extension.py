@@ -107,7 +107,11 @@ def test_a_failure_on_a_loaded_machine_says_the_cause_may_be_the_environment(pro
     v = perf.perf_verdict(task, [row], ["k3_t64"])
     assert v.status is Status.FAIL
     assert "The machine was loaded while it was timed (load 3.4 on 2 CPUs, after re-measuring)" in v.summary
+    from workbench.agents.brief import failure_cause
+
+    assert failure_cause(v)[0] == "environment" and "machine_load = 3.4" in failure_cause(v)[1]
     quiet = perf.perf_verdict(task, [{**row, "load_avg": 0.8}], ["k3_t64"])
+    assert failure_cause(quiet)[0] == "candidate"
     assert "loaded" not in quiet.summary
     wrong = perf.perf_verdict(task, [{**row, "verdict": "wrong_output"}], ["k3_t64"])
     assert "loaded" not in wrong.summary  # load does not make outputs wrong
