@@ -248,20 +248,27 @@ def render_brief(task: TaskSpec, *, repo_root: Path, worktree: Path, base_commit
     lines += _environment_lines(mode)
     lines += ["## How to self-check"]
     if mode == "tools":
-        lines += ["Call the `run_check` tool: paths, correctness on the public seeds "
-                  f"{list(task.correctness.public_seeds)} (fixed workloads only), activation, and a quick perf "
-                  "estimate. It takes seconds to a minute. Then call `submit`."]
+        lines += ["Call the `run_check` tool: the judge's own guards on your files as they are (isolation, "
+                  f"audit, correctness on public seed {list(task.correctness.public_seeds[:1])} with the fixed "
+                  "workloads, activation, and a short perf estimate). It takes seconds to a minute. Then call "
+                  "`submit`."]
     else:
         lines += [f"Your working directory is the worktree `{worktree}` (a git checkout of base "
                   f"`{base_commit[:12]}`). Run:", "",
                   "```bash", f"workbench check {task.task_id} --base {base_commit}", "```", "",
-                  "(or `python -m workbench check ...`): paths, correctness on the public seeds "
-                  f"{list(task.correctness.public_seeds)} (fixed workloads only), activation, and a quick perf "
-                  "estimate. Leave your files in the worktree when you finish; the workbench commits them."]
+                  "(or `python -m workbench check ...`): the judge's own guards on your files as they are, "
+                  "committed or not (isolation, audit, correctness on public seed "
+                  f"{list(task.correctness.public_seeds[:1])} with the fixed workloads, activation, and a short "
+                  "perf estimate; about 15-60 s). `--full` adds the public seeds "
+                  f"{list(task.correctness.public_seeds)}, the largest workloads and the model eval (minutes). "
+                  "Leave your files in the worktree when you finish; the workbench commits them."]
     lines += ["A self-check PASS is a hint, not the verdict: the guards judge again with fresh inputs, random "
               "batch sizes and more timing repetitions. After a rejection the feedback names each failing check, "
               "its configuration, what was expected and seen, whether the cause is your code or the environment, "
-              "and the command (with that judging's seed) that reproduces it.", "", "## Rules", ""]
+              "and the command (with that judging's seed) that reproduces it. Resubmitting the same content "
+              "(comments, whitespace and docstrings aside) does not buy a new chance: its judgings are pooled, "
+              "a bug found once stays found and the perf statistics use the pairs of every judging.",
+              "", "## Rules", ""]
     agents_md = Path(repo_root) / "AGENTS.md"
     if agents_md.is_file():
         lines.append(rules_text(agents_md.read_text(encoding="utf-8"), distributed=task.distributed is not None))
