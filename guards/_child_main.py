@@ -523,6 +523,17 @@ def _init_cuda():
         torch.cuda.synchronize()
 
 
+def _beyond(scope: dict | None, limits: dict | None) -> bool:
+    """Whether a declared scope claims anything outside ``limits`` (what this run judges: devices, phases,
+    TP sizes and dtypes as lists, and the batch range); ``False`` without limits or without a scope."""
+    if not scope or not limits:
+        return False
+    for field in ("devices", "phases", "tp_sizes", "dtypes"):
+        if not set(scope.get(field) or ()) <= set(limits.get(field) or ()):
+            return True
+    return scope.get("batch_min", 1) < limits["batch_min"] or scope.get("batch_max", 0) > limits["batch_max"]
+
+
 def main() -> int:
     worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process; a local, not a global
@@ -568,7 +579,12 @@ def main() -> int:
             raise RuntimeError(f"{problem} (while importing the candidate's code)")
         if hooks is not None:
             hooks.enter_call_phase()
-        if req["mode"] == "correctness":
+        if req["mode"] == "correctness" and _beyond(response["scope"], req.get("scope_limits")):
+            # the judge rejects this scope before any configuration runs (guards/activation.py decides;
+            # a kernel that skipped this shortcut would be rejected after its configurations instead)
+            response["scope_beyond_limits"] = True
+            response["imported_files"] = _imported_files(worktree)
+        elif req["mode"] == "correctness":
             for case in req["cases"]:
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
             response["imported_files"] = _imported_files(worktree)

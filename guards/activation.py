@@ -57,6 +57,48 @@ def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtyp
     return scope.covers(BatchInfo(phase, batch, device, dtype, tp))[0]
 
 
+def scope_verdict(claimed: dict | None, task, device: str, tested_tp: list[int]) -> Verdict | None:
+    """The activation guard's FAIL for a declared scope this run cannot vouch for, or ``None``.
+
+    Fails a scope that is not plain data, that exceeds the task's (``scope_excess``), or that claims a
+    device or TP size this run does not judge (a scope must equal what was tested).
+
+    Args:
+        claimed: the scope the child reported (``OpScope.to_dict`` with lists); ``None``: none declared
+            (not judged here: the guard says no kernel is merged).
+        device: the run's device.
+        tested_tp: the world sizes the run's configurations use.
+    """
+    if claimed is None:
+        return None
+    try:
+        scope = claimed_scope(claimed)
+    except ScopeError as exc:
+        return Verdict(
+            guard="activation", status=Status.FAIL,
+            summary=f"The declared scope is not plain data: {exc}",
+            evidence=(Evidence(name="declared_scope", value=str(claimed)[:300], path=f"k3_model/kernels/{task.op}/"),),
+        )
+    claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
+    excess = scope_excess(claimed, task.scope)
+    untested = sorted(set(claimed["devices"]) - {device})
+    if untested and not excess:
+        excess = [f"devices {untested} were not judged in this run (device {device}); a scope must equal what "
+                  f"was tested: drop them from SCOPE, or ship one kernel per device and judge each there"]
+    untested_tp = sorted(set(claimed["tp_sizes"]) - set(tested_tp))
+    if untested_tp and not excess:
+        excess = [f"tp_sizes {untested_tp} were not judged in this run (world sizes tested on {device}: "
+                  f"{sorted(set(tested_tp))}); a scope must equal what was tested: drop them from SCOPE, or judge "
+                  f"the kernel on a machine with enough GPUs"]
+    if excess:
+        return Verdict(
+            guard="activation", status=Status.FAIL,
+            summary=f"The kernel claims a scope the task does not test: {excess[0]}.",
+            evidence=tuple(Evidence(name="scope_excess", value=e) for e in excess),
+        )
+    return None
+
+
 class ActivationGuard:
     """Checks the recorded dispatch decisions against the declared scope."""
 
@@ -64,7 +106,7 @@ class ActivationGuard:
 
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
-        if "cases" not in ctx.artifacts:
+        if "cases" not in ctx.artifacts and "scope_verdict" not in ctx.artifacts:
             raise RuntimeError("activation guard needs the correctness guard's trace; run correctness first")
         claimed = ctx.artifacts.get("scope")
         if claimed is None:
@@ -73,33 +115,15 @@ class ActivationGuard:
                 summary=f"No latency-specialized kernel is merged for op {task.op!r}: the candidate's path never runs.",
                 evidence=(Evidence(name="declared_scope", value="none", path=f"k3_model/kernels/{task.op}/"),),
             )
-        try:
-            scope = claimed_scope(claimed)
-        except ScopeError as exc:
-            return Verdict(
-                guard=self.name, status=Status.FAIL,
-                summary=f"The declared scope is not plain data: {exc}",
-                evidence=(Evidence(name="declared_scope", value=str(claimed)[:300], path=f"k3_model/kernels/{task.op}/"),),
-            )
+        early = ctx.artifacts.get("scope_verdict")
+        if early is not None:  # found before correctness ran (guards/correctness.py): no configuration ran
+            return early
+        bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.get("tested_tp_sizes", [1]))
+        if bad is not None:
+            return bad
+        scope = claimed_scope(claimed)
         # from here on only the parsed value, as the dispatcher (lists: the form the child reports)
         claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
-        excess = scope_excess(claimed, task.scope)
-        untested = sorted(set(claimed["devices"]) - {ctx.device})
-        if untested and not excess:
-            excess = [f"devices {untested} were not judged in this run (device {ctx.device}); a scope must equal what "
-                      f"was tested: drop them from SCOPE, or ship one kernel per device and judge each there"]
-        tested_tp = set(ctx.artifacts.get("tested_tp_sizes", [1]))
-        untested_tp = sorted(set(claimed["tp_sizes"]) - tested_tp)
-        if untested_tp and not excess:
-            excess = [f"tp_sizes {untested_tp} were not judged in this run (world sizes tested on {ctx.device}: "
-                      f"{sorted(tested_tp)}); a scope must equal what was tested: drop them from SCOPE, or judge "
-                      f"the kernel on a machine with enough GPUs"]
-        if excess:
-            return Verdict(
-                guard=self.name, status=Status.FAIL,
-                summary=f"The kernel claims a scope the task does not test: {excess[0]}.",
-                evidence=tuple(Evidence(name="scope_excess", value=e) for e in excess),
-            )
         changed_py = sorted(p for p in ctx.artifacts.get("changed_paths", []) if p.endswith(".py")
                             and (ctx.worktree / p).is_file())
         ran_files = set(ctx.artifacts.get("imported_files", []))

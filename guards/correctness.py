@@ -100,6 +100,18 @@ def _failed(outcome) -> bool:
     return outcome.response is None or not outcome.response.get("ok")
 
 
+def scope_limits(task, device: str, tp_sizes: list[int]) -> dict:
+    """What a run on ``device`` judges, for the child's early scope check: a declared scope beyond it is
+    rejected before any configuration runs (``_child_main._beyond``; the judge decides with
+    :func:`guards.activation.scope_verdict`).
+
+    Args:
+        tp_sizes: the world sizes this run's configurations use.
+    """
+    return {"devices": [device], "phases": list(task.scope.phases), "tp_sizes": list(tp_sizes),
+            "dtypes": list(task.scope.dtypes), "batch_min": task.scope.batch_min, "batch_max": task.scope.batch_max}
+
+
 def available_world_sizes(device: str) -> int | None:
     """Most ranks a run on ``device`` can host: GPUs on CUDA (one per rank); ``None`` (no limit) on CPU."""
     if device != "cuda":
@@ -124,7 +136,8 @@ class CorrectnessGuard:
         """
         task = ctx.task
         base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
-                "decode_backend": "latency_specialized"}
+                "decode_backend": "latency_specialized",
+                "scope_limits": scope_limits(task, ctx.device, sorted({c.world_size for c in cases}))}
         results: dict[str, list[dict]] = {}
         duration = 0.0
         if task.distributed is None:
@@ -163,6 +176,8 @@ class CorrectnessGuard:
                     if isinstance(c, dict) and c.get("name") in results:
                         results[c["name"]].append(c)
             last = outcomes[0]
+            if (last.response or {}).get("scope_beyond_limits"):
+                break  # the declared scope is rejected before any configuration ran (check())
             if ref is not None and any(self._judge_case(task, ref, c, results[c.name])[0] for c in group):
                 break
         return results, None, duration, last
@@ -246,6 +261,7 @@ class CorrectnessGuard:
                            summary=f"No configuration fits this machine ({limit} GPU(s) for "
                                    f"{sorted({c.world_size for c in not_run})} ranks): nothing was tested.",
                            evidence=(Evidence(name="gpus", value=limit or 0, unit="count"),))
+        planned_tp = sorted({c.world_size for c in cases})
         by_name, failed, duration, outcome = self._run(ctx, cases, ref)
         if failed is not None:
             return failed
@@ -255,6 +271,17 @@ class CorrectnessGuard:
         cases = [c for c in cases if c not in stopped]
         resp = outcome.response
         ctx.artifacts["scope"] = resp.get("scope")
+        if resp.get("scope_beyond_limits"):
+            from guards.activation import scope_verdict
+
+            early = scope_verdict(resp.get("scope"), task, ctx.device, planned_tp)
+            if early is not None:  # the activation guard reports it; no configuration ran
+                ctx.artifacts["scope_verdict"] = early
+                return Verdict(guard=self.name, status=Status.SKIP,
+                               summary="Not run: the kernel's declared scope claims what this run does not test, "
+                                       f"so no configuration ran (the activation guard rejects it): {early.summary}",
+                               evidence=early.evidence)
+            # the child's shortcut disagrees with the judge's rule: judge what ran (nothing), fail below
         ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
         ctx.artifacts["tested_tp_sizes"] = sorted({c.world_size for c in cases})
         case_results, failures, traces = [], [], {}

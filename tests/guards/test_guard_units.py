@@ -80,7 +80,10 @@ def test_hanging_child_is_killed_and_fails(project_repo, tmp_path):
 def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=128")
     ctx = _candidate(project_repo, tmp_path, src, "wide")
-    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    corr = CorrectnessGuard().check(ctx)
+    # rejected before any configuration runs (issue 17 item 6): correctness SKIPs, activation decides
+    assert corr.status is Status.SKIP and corr.summary.startswith("Not run: the kernel's declared scope claims")
+    assert "cases" not in ctx.artifacts
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "batch [1, 128] exceeds the task's [1, 64]" in v.summary
@@ -223,11 +226,25 @@ def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
     ctx = GuardContext(task=task, repo_root=project_repo, worktree=c.worktree, base_commit=c.base_commit,
                        candidate_commit=c.candidate_commit, device="cpu", seed=123)
     assert IsolationGuard().check(ctx).status is Status.PASS
-    assert CorrectnessGuard().check(ctx).status is Status.PASS
-    assert ctx.artifacts["tested_tp_sizes"] == [1, 2]
+    corr = CorrectnessGuard().check(ctx)
+    assert corr.status is Status.SKIP, corr.summary  # no rank started a configuration
+    assert "tp_sizes [4, 8] were not judged in this run" in corr.summary
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "tp_sizes [4, 8] were not judged in this run" in v.summary
+
+
+def test_a_child_that_claims_an_early_scope_rejection_falsely_fails_correctness(project_repo, tmp_path, monkeypatch):
+    """The early scope check runs in the child; the judge decides. A response that says "beyond the limits"
+    for a scope inside them gets no shortcut: nothing ran, so correctness FAILs for every configuration."""
+    import guards.correctness as correctness
+
+    real = correctness.scope_limits
+    monkeypatch.setattr(correctness, "scope_limits",
+                        lambda task, device, tp: {**real(task, device, tp), "batch_max": 8})  # child sees 8
+    ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), "false-early")
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL and "no result" in " ".join(str(e.value) for e in v.evidence), v.summary
 
 
 def test_inputs_unchanged_is_bitwise():
