@@ -35,8 +35,8 @@ def test_guard_child_does_not_see_the_key(repo, monkeypatch):
 
 
 def test_command_agent_and_its_guard_children(repo, tmp_path, monkeypatch):
-    """Allowlisted on purpose (an agent that calls the API itself): the agent sees the key, the guard
-    children its `workbench check` starts do not."""
+    """Allowlisted on purpose (an agent that calls the API itself): the agent sees the key, its
+    `workbench check` output does not show it."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     agent = tmp_path / "spy_agent.py"
     report = tmp_path / "report.json"
@@ -54,7 +54,9 @@ def test_command_agent_and_its_guard_children(repo, tmp_path, monkeypatch):
     got = json.loads(report.read_text())
     assert got["agent_key"] == KEY
     assert got["check_rc"] == 1, got["check_out"]
-    assert "SPY-ENV" in got["check_out"] and "KEY=None" in got["check_out"]
+    # the self-check is the judge's pipeline: its audit refuses the environment read before any child
+    # starts (test_guard_child_does_not_see_the_key shows what a child would see: no key)
+    assert "audit                  FAIL" in got["check_out"] and "uses os.environ" in got["check_out"]
     assert KEY not in got["check_out"]
 
 

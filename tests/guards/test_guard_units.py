@@ -152,7 +152,7 @@ def test_result_file_version_is_checked(tmp_path):
 def test_claiming_a_device_not_judged_fails_activation(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace('devices=("cpu",)', 'devices=("cpu", "cuda")')
     ctx = _candidate(project_repo, tmp_path, src, "both-devices")
-    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    assert CorrectnessGuard().check(ctx).status is Status.SKIP  # rejected before any configuration ran
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "devices ['cuda'] were not judged in this run (device cpu)" in v.summary

@@ -17,7 +17,8 @@ BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input"
 
 
 def wb(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}
+    # no WORKBENCH_* setting of the test process leaks in, but the test's own judgings ledger (conftest)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_JUDGINGS"}
     return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=repo, capture_output=True, text=True,
                           env=env, timeout=600)
 
@@ -118,7 +119,12 @@ def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(p
     again = json.loads(Path(q.stdout.strip().splitlines()[-1]).read_text())
     assert again["seed"] == seed and again["command"] == first["command"]
     assert [c["axes"] for c in again["cases"]] == [c["axes"] for c in first["cases"]]  # the same random draws
-    assert again["verdicts"][2]["summary"] == first["verdicts"][2]["summary"]
+    # the same content judged again is pooled with the first judging (workbench/retries.py): the same
+    # failure, now also carried from the first result
+    assert (first["judging"], again["judging"]) == (1, 2) and again["pooled_from"] == [first["result_id"]]
+    carried = again["verdicts"][2]["summary"]
+    assert carried.startswith("Judging 2 of the same candidate content") and carried.endswith(
+        first["verdicts"][2]["summary"])
 
 
 def _perf_not_judged_result(tmp_path: Path):
