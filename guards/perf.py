@@ -519,6 +519,17 @@ def _wait_excess(b, k) -> tuple[float, float]:
     return wk - wb, max(WAIT_ABS_US, WAIT_REL * median(b.cpu_us))
 
 
+def _classify_rec(task, device: str, rec: dict, claimed: bool, seed: int) -> dict:
+    """:func:`classify` on one workload's record with the task's thresholds for ``device`` (CPU: the
+    child's CPU clock; CUDA: the judge's wall clock)."""
+    b, k = rec["baseline"], rec["candidate"]
+    base_s = b.cpu_us if device == "cpu" else b.wall_us
+    cand_s = k.cpu_us if device == "cpu" else k.wall_us
+    max_reg, alpha = task.perf.regression_test(device)
+    return classify(base_s, cand_s, claimed=claimed, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
+                    confidence=task.perf.confidence, alpha=alpha, seed=seed)
+
+
 def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int) -> str | None:
     """Why a workload's timings so far would fail on what machine load can cause, or ``None``.
 
@@ -526,34 +537,25 @@ def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int)
     re-measured (another round of fresh calls, pooled) before they fail; the final verdict is decided on
     all the pairs, at the task's unchanged thresholds, so re-measuring a real slowdown only confirms it.
     """
-    if _inconclusive_gain(task, device, rec, claimed, seed):
+    stats = _classify_rec(task, device, rec, claimed, seed)
+    if claimed and _is_inconclusive(task, stats):
         return "the gain's interval is inconclusive"
-    b, k = rec["baseline"], rec["candidate"]
-    base_s = b.cpu_us if device == "cpu" else b.wall_us
-    cand_s = k.cpu_us if device == "cpu" else k.wall_us
-    max_reg, alpha = task.perf.regression_test(device)
-    stats = classify(base_s, cand_s, claimed=claimed, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
-                     confidence=task.perf.confidence, alpha=alpha, seed=seed)
     if stats["verdict"] == "regression":
         return f"slower than the baseline ({stats['speedup']:.3f}x)"
     if device == "cpu":
-        excess, bound = _wait_excess(b, k)
+        excess, bound = _wait_excess(rec["baseline"], rec["candidate"])
         if excess > bound:
             return f"off-CPU waits ({excess:.0f} us a call over the baseline's)"
     return None
 
 
+def _is_inconclusive(task, stats: dict) -> bool:
+    return stats["verdict"] == "no_gain" and stats["speedup"] >= task.perf.min_speedup
+
+
 def _inconclusive_gain(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
     """Whether a claimed workload's timings show a big enough median gain whose interval still reaches 1."""
-    if not claimed:
-        return False
-    b, k = rec["baseline"], rec["candidate"]
-    base_s = b.cpu_us if device == "cpu" else b.wall_us
-    cand_s = k.cpu_us if device == "cpu" else k.wall_us
-    max_reg, alpha = task.perf.regression_test(device)
-    stats = classify(base_s, cand_s, claimed=True, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
-                     confidence=task.perf.confidence, alpha=alpha, seed=seed)
-    return stats["verdict"] == "no_gain" and stats["speedup"] >= task.perf.min_speedup
+    return claimed and _is_inconclusive(task, _classify_rec(task, device, rec, True, seed))
 
 
 def _fails_on_timings(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
@@ -565,13 +567,7 @@ def _fails_on_timings(task, device: str, rec: dict, claimed: bool, seed: int) ->
         claimed: whether a gain is required there.
         seed: the bootstrap seed (the workload's index, as in the final classification).
     """
-    b, k = rec["baseline"], rec["candidate"]
-    base_s = b.cpu_us if device == "cpu" else b.wall_us
-    cand_s = k.cpu_us if device == "cpu" else k.wall_us
-    max_reg, alpha = task.perf.regression_test(device)
-    stats = classify(base_s, cand_s, claimed=claimed, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
-                     confidence=task.perf.confidence, alpha=alpha, seed=seed)
-    return stats["verdict"] in ("regression", "no_gain")
+    return _classify_rec(task, device, rec, claimed, seed)["verdict"] in ("regression", "no_gain")
 
 
 PERF_RANDOM_DRAWS = 2

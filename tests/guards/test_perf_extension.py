@@ -58,9 +58,9 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
 
     def always(task, device, rec, claimed, seed):
         calls.append(len(rec["candidate"].cpu_us))
-        return claimed
+        return "the gain's interval is inconclusive" if claimed else None
 
-    monkeypatch.setattr(perf, "_inconclusive_gain", always)
+    monkeypatch.setattr(perf, "_needs_another_round", always)
     checked = []
     real = perf._every_call_problem
 

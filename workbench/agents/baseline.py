@@ -1,8 +1,8 @@
 """The standard path's quick timing for the brief: each perf workload's median and spread, and how it was measured.
 
-:func:`workbench.agents.selfcheck.baseline_timings` returns medians only; an agent reading "116 us"
+A median alone misleads: an agent reading "116 us"
 cannot tell a steady number from a rough one (issue 20: 116-125 ms quoted, 52-80 ms measured by the
-judge on a loaded machine). :func:`time_baseline` runs the same quick timing child and keeps the 10th
+judge on a loaded machine). :func:`time_baseline` runs a quick timing child and keeps the 10th
 and 90th percentiles of the samples and the method, so the brief can say both.
 
 Source: issue 20 item 5 ("the baseline's measured medians with their spread and how they were measured").
@@ -98,8 +98,8 @@ def time_baseline(worktree: Path, task: TaskSpec, *, device: str, repetitions: i
                   warmup: int = 5) -> BaselineTimings:
     """Time the standard path on both sides of the quick perf child, per perf workload, on the first public seed.
 
-    The same child request as :func:`workbench.agents.selfcheck.baseline_timings` (the base worktree,
-    ``decode_backend="standard"``, so no candidate code runs), keeping the spread of the samples.
+    The child runs the base worktree with ``decode_backend="standard"`` (no candidate code runs) and the
+    spread of the samples is kept.
 
     Args:
         worktree: a checkout of the base commit.

@@ -1,4 +1,4 @@
-"""The self-check an agent runs on its own worktree, and the baseline numbers its brief quotes.
+"""The self-check an agent runs on its own worktree (the brief's baseline numbers: workbench/agents/baseline.py).
 
 ``workbench check TASK`` (and the anthropic backend's ``run_check`` tool) run the judge's own pipeline
 (``workbench.pipeline.run_guards``, the same guards in the same order) on a snapshot commit of the
@@ -277,46 +277,3 @@ def self_check(worktree: Path, task: TaskSpec, *, base: str, device: str = "cpu"
                 "PASS" if ok else "FAIL", time.monotonic() - t0)
     return SelfCheckReport(ok=ok, verdicts=verdicts, duration_s=round(time.monotonic() - t0, 2), full=full,
                            left_out=left_out(task, ptask))
-
-
-def baseline_timings(worktree: Path, task: TaskSpec, *, device: str, repetitions: int = 20,
-                     warmup: int = 5) -> dict[str, float]:
-    """Median time of the standard path per perf workload, measured quickly on the first public seed.
-
-    Both timed sides run the standard path (``decode_backend="standard"``), so the numbers are the
-    baseline a candidate must beat; the base worktree is used, so no candidate code runs.
-
-    Args:
-        worktree: a checkout of the base commit.
-        task: the task spec.
-        device: ``cpu`` or ``cuda``.
-        repetitions: timed calls per side (calls).
-        warmup: untimed calls per side (calls).
-
-    Returns:
-        workload name -> median (microseconds); empty when the timing child failed, for distributed
-        tasks, and where the task does not judge performance on ``device`` (logged).
-    """
-    from guards.cases import build_case
-    from guards.sandbox import run_child
-    from kernels.stats import median
-
-    if task.distributed is not None or device not in task.perf.devices:
-        # one process cannot time a collective; the perf guard times every rank (guards/perf.py)
-        logger.info("no quick baseline for %s on %s (distributed task or perf not judged on this device)",
-                    task.task_id, device)
-        return {}
-    seed = task.correctness.public_seeds[0] if task.correctness.public_seeds else 0
-    cases = [build_case(task, task.workload(n), seed) for n in task.perf.workloads]
-    request = {"mode": "perf", "target": task.target, "op": task.op, "device": device, "decode_backend": "standard",
-               "cases": [c.request_entry() for c in cases], "perf": {"warmup": warmup, "repetitions": repetitions}}
-    outcome = run_child(Path(worktree), request, timeout_s=task.timeouts.perf_s,
-                        memory_bytes=task.timeouts.memory_bytes, device=device)
-    if outcome.response is None or not outcome.response.get("ok"):
-        logger.warning("baseline timing failed: %s", outcome.problem or outcome.response.get("error"))
-        return {}
-    out = {}
-    for p in outcome.response.get("perf", []):
-        samples = [float(x) for x in p["baseline_us"]] + [float(x) for x in p["candidate_us"]]
-        out[p["name"]] = round(median(samples), 2)
-    return out
