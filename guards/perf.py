@@ -26,6 +26,7 @@ from guards import progress
 from guards.activation import claims
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
+from guards.perf_status import PerfStatus
 from guards.sandbox import run_child
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
@@ -121,10 +122,10 @@ def physical_checks(stats: dict, p: dict) -> dict:
     bt, ct = p.get("baseline_tails_us") or [], p.get("candidate_tails_us") or []
     stats["tail_excess_us"] = (median([float(x) for x in ct]) - median([float(x) for x in bt])) if bt and ct else None
     if stats["floor_us"] is not None and below_floor(stats["candidate_median_us"], stats["floor_us"]):
-        stats["verdict"] = "below_floor"
+        stats["verdict"] = PerfStatus.BELOW_FLOOR
     elif stats["tail_excess_us"] is not None and stats["tail_excess_us"] > max(
             TAIL_EXCESS_ABS_US, TAIL_EXCESS_REL * stats["candidate_median_us"]):
-        stats["verdict"] = "side_stream"
+        stats["verdict"] = PerfStatus.SIDE_STREAM
     return stats
 
 
@@ -152,13 +153,13 @@ def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_
     speedup, (lo, hi) = paired_ratio_ci(base_us, cand_us, confidence=confidence, resamples=1000, seed=seed)
     p_slower = wilcoxon_greater(cand_us, base_us)
     if speedup < 1.0 / (1.0 + max_regression_pct / 100.0) and p_slower < alpha:
-        verdict = "regression"
+        verdict = PerfStatus.REGRESSION
     elif claimed and not (speedup >= min_speedup and lo > 1.0):
-        verdict = "no_gain"
+        verdict = PerfStatus.NO_GAIN
     elif claimed:
-        verdict = "gain"
+        verdict = PerfStatus.GAIN
     else:
-        verdict = "neutral"
+        verdict = PerfStatus.NEUTRAL
     return {"baseline_median_us": median(base_us), "candidate_median_us": median(cand_us), "speedup": speedup,
             "speedup_ci": (lo, hi), "p_slower": p_slower, "verdict": verdict}
 
@@ -207,7 +208,7 @@ class PerfGuard:
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": "standard",
                                 "baseline_us": (), "candidate_us": (), "baseline_median_us": 0.0,
                                 "candidate_median_us": 0.0, "speedup": 1.0, "speedup_ci": (1.0, 1.0),
-                                "p_slower": 1.0, "verdict": "not_claimed",
+                                "p_slower": 1.0, "verdict": PerfStatus.NOT_CLAIMED,
                                 "timer": "none (both sides run the standard path)"})
         if timed and task.distributed is None:
             problem = self._judge(ctx, timed, claimed_flags, results)
@@ -245,16 +246,16 @@ class PerfGuard:
                                  alpha=alpha, seed=i)
                 physical_checks(stats, p)
                 if (sum(base) + sum(cand)) > float(p["wall_s"]) * 1e6 * WALL_SLACK:
-                    stats["verdict"] = "regression"
+                    stats["verdict"] = PerfStatus.REGRESSION
                     impl += " (timer samples exceed the wall clock: timer tampering)"
                 why = timing_tampering(base, [float(x) for x in p.get("baseline_wall_us", ())],
                                        cand, [float(x) for x in p.get("candidate_wall_us", ())], device=ctx.device)
                 if why:
-                    stats["verdict"] = "tampered"
+                    stats["verdict"] = PerfStatus.TAMPERED
                     impl += f" ({why})"
                 wrong = _timed_output_problem(task, c, rotations[c.name], p, ctx.seed)
                 if wrong:
-                    stats["verdict"] = "wrong_output"
+                    stats["verdict"] = PerfStatus.WRONG_OUTPUT
                     impl += f" ({wrong})"
                 total_samples_us += sum(base) + sum(cand)
                 results.append({"name": c.name, "axes": dict(c.workload.axes), "implementation": impl,
@@ -263,7 +264,7 @@ class PerfGuard:
             if total_samples_us > child_s * 1e6:  # the parent's own clock, out of the child's reach
                 for r in results:
                     if r.get("timer") == timer:
-                        r["verdict"] = "tampered"
+                        r["verdict"] = PerfStatus.TAMPERED
                         r["implementation"] += (f" (samples sum to {total_samples_us / 1e6:.2f} s, longer than the "
                                                 f"child lived: {child_s:.2f} s)")
         return self._verdict(task, results, timed)
@@ -368,7 +369,7 @@ class PerfGuard:
                 why = (out[side].get("errors") or ["a call failed"])[0].splitlines()[0]
                 results.append({**entry, "baseline_us": (), "candidate_us": (), "baseline_median_us": 0.0,
                                 "candidate_median_us": 0.0, "speedup": 0.0, "speedup_ci": (0.0, 0.0), "p_slower": 1.0,
-                                "verdict": "raised", "implementation": f"{impl} ({side}: {why[:300]})"})
+                                "verdict": PerfStatus.RAISED, "implementation": f"{impl} ({side}: {why[:300]})"})
                 continue
             base_s = b.cpu_us if ctx.device == "cpu" else b.wall_us
             cand_s = k.cpu_us if ctx.device == "cpu" else k.wall_us
@@ -379,11 +380,11 @@ class PerfGuard:
             cpu_in = sum(k.cpu_us)
             stats["candidate_outside_cpu_us"] = outside["candidate"] / 1e3
             if stats["candidate_outside_cpu_us"] > OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL * cpu_in:
-                stats["verdict"] = "busy_outside"
+                stats["verdict"] = PerfStatus.BUSY_OUTSIDE
             if ctx.device == "cpu":
                 stats["wait_excess_us"], bound = _wait_excess(b, k)
-                if stats["verdict"] != "busy_outside" and stats["wait_excess_us"] > bound:
-                    stats["verdict"] = "waits"
+                if stats["verdict"] != PerfStatus.BUSY_OUTSIDE and stats["wait_excess_us"] > bound:
+                    stats["verdict"] = PerfStatus.WAITS
             else:
                 ev = [float(x) for x in (out["candidate"].get("event_us") or {}).get(c.name, [])]
                 timed_ev = ev[task.perf.warmup:]
@@ -396,12 +397,12 @@ class PerfGuard:
                     if below_floor(stats["candidate_median_us"], stats["floor_us"]) or (
                             stats["event_median_us"] is not None
                             and below_floor(stats["event_median_us"], stats["floor_us"])):
-                        stats["verdict"] = "below_floor"
+                        stats["verdict"] = PerfStatus.BELOW_FLOOR
                 if any(e > w * WALL_SLACK + 5.0 for e, w in zip(timed_ev, k.wall_us)):
-                    stats["verdict"] = "tampered"
+                    stats["verdict"] = PerfStatus.TAMPERED
                     entry["implementation"] += " (CUDA events longer than the judge's window: timer tampering)"
             if wrong:
-                stats["verdict"] = "wrong_output"
+                stats["verdict"] = PerfStatus.WRONG_OUTPUT
                 entry["implementation"] += f" ({wrong})"
             results.append({**entry, "baseline_us": tuple(base_s), "candidate_us": tuple(cand_s), **stats})
         return None
@@ -412,12 +413,11 @@ class PerfGuard:
         return perf_verdict(task, results, [c.name for c in timed], guard=self.name)
 
 
-FAILING_VERDICTS = ("regression", "no_gain", "below_floor", "side_stream", "tampered", "wrong_output", "busy_outside",
-                    "waits", "raised")
-"""Per-configuration verdicts that fail the perf guard."""
+FAILING_VERDICTS = tuple(s.value for s in PerfStatus if s.failing)
+"""Per-configuration verdicts that fail the perf guard (``PerfStatus.failing``)."""
 
 
-LOAD_SENSITIVE = ("regression", "no_gain", "waits")
+LOAD_SENSITIVE = tuple(s.value for s in PerfStatus if s.load_sensitive)
 """Per-configuration verdicts that load from other processes can cause on a shared machine."""
 
 
@@ -447,18 +447,7 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
         for r in results)
     if bad:
         r = bad[0]
-        what = {"regression": f"slower than the baseline ({r.get('baseline_implementation', 'standard')})",
-                "below_floor": f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
-                "side_stream": f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
-                               "longer tail than the baseline)",
-                "tampered": f"timed untrustworthily [{r['implementation']}]",
-                "wrong_output": f"wrong while timed [{r['implementation']}]",
-                "busy_outside": f"busy between its calls ({r.get('candidate_outside_cpu_us') or 0:.0f} us of CPU "
-                                "outside them: background or deferred work)",
-                "waits": f"waiting off-CPU inside its calls ({r.get('wait_excess_us') or 0:.0f} us more than "
-                         "the baseline per call)",
-                "raised": f"failing while timed [{r['implementation']}]"}.get(
-            r["verdict"], f"no real gain (need >= {task.perf.min_speedup}x with the interval above 1)")
+        what = PerfStatus(r["verdict"]).describe(r, min_speedup=task.perf.min_speedup)
         untimed = [n for n in timed if n not in {x["name"] for x in results}]
         rest = (f" {len(untimed)} later configuration(s) not timed: the first failing one decides." if untimed
                 else "")
@@ -474,7 +463,7 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
     if not timed:
         return Verdict(guard=guard, status=Status.SKIP,
                        summary="No perf workload lies inside the kernel's declared scope on this device.")
-    gains = [r["speedup"] for r in results if r["verdict"] == "gain"]
+    gains = [r["speedup"] for r in results if r["verdict"] == PerfStatus.GAIN]
     if not gains:  # only a merged base kernel's configurations outside the claim were timed
         return Verdict(guard=guard, status=Status.PASS,
                        summary=f"No regression in the {len(results)} timed configuration(s); none is claimed, "
@@ -540,7 +529,7 @@ def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int)
     stats = _classify_rec(task, device, rec, claimed, seed)
     if claimed and _is_inconclusive(task, stats):
         return "the gain's interval is inconclusive"
-    if stats["verdict"] == "regression":
+    if stats["verdict"] == PerfStatus.REGRESSION:
         return f"slower than the baseline ({stats['speedup']:.3f}x)"
     if device == "cpu":
         excess, bound = _wait_excess(rec["baseline"], rec["candidate"])
@@ -550,7 +539,7 @@ def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int)
 
 
 def _is_inconclusive(task, stats: dict) -> bool:
-    return stats["verdict"] == "no_gain" and stats["speedup"] >= task.perf.min_speedup
+    return stats["verdict"] == PerfStatus.NO_GAIN and stats["speedup"] >= task.perf.min_speedup
 
 
 def _inconclusive_gain(task, device: str, rec: dict, claimed: bool, seed: int) -> bool:
@@ -567,7 +556,7 @@ def _fails_on_timings(task, device: str, rec: dict, claimed: bool, seed: int) ->
         claimed: whether a gain is required there.
         seed: the bootstrap seed (the workload's index, as in the final classification).
     """
-    return _classify_rec(task, device, rec, claimed, seed)["verdict"] in ("regression", "no_gain")
+    return _classify_rec(task, device, rec, claimed, seed)["verdict"] in (PerfStatus.REGRESSION, PerfStatus.NO_GAIN)
 
 
 PERF_RANDOM_DRAWS = 2

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from guards.perf_status import PerfStatus
 from guards.verdict import Status, Verdict
 
 SCHEMA_VERSION = 2
@@ -83,10 +84,8 @@ class PerfResult(_Model):
         speedup: median of per-pair ratios baseline / candidate (ratio).
         speedup_ci: bootstrap confidence interval of that median over pairs (ratio, ratio).
         p_slower: one-sided p-value that the candidate is slower (Wilcoxon signed-rank on log ratios).
-        verdict: ``gain``, ``neutral``, ``regression``, ``no_gain``, ``not_claimed``, ``below_floor``,
-            ``side_stream``, ``tampered``
-            (timer samples disagree with the wall clock) or ``wrong_output`` (a timed call's outputs
-            differ from the reference).
+        verdict: the configuration's :class:`guards.perf_status.PerfStatus` (its value in the file);
+            an entry inconsistent with it (e.g. a ``gain`` whose interval reaches 1) is refused.
         timer: ``cpu_thread_time``, ``cpu_wall_clock`` (distributed CPU runs) or ``cuda_event``.
         floor_us: CUDA only; physical floor max(min bytes / measured copy bandwidth, one launch)
             (microseconds); ``below_floor`` when the candidate's median is under 0.9x it.
@@ -107,8 +106,8 @@ class PerfResult(_Model):
         extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
             was inconclusive (count; ``guards.perf.PERF_EXTENSION_ROUNDS`` at most).
 
-    The extra verdicts of the judge's timing (``guards/judge.py``): ``busy_outside``, ``waits`` and
-    ``raised`` (a timed call raised or failed a runtime check).
+    Raises:
+        pydantic.ValidationError: the entry contradicts its verdict (:meth:`PerfStatus.problem`).
     """
 
     name: str
@@ -122,8 +121,7 @@ class PerfResult(_Model):
     speedup: float
     speedup_ci: tuple[float, float]
     p_slower: float
-    verdict: Literal["gain", "neutral", "regression", "no_gain", "not_claimed", "below_floor", "side_stream",
-                     "tampered", "wrong_output", "busy_outside", "waits", "raised"]
+    verdict: PerfStatus
     timer: str
     floor_us: float | None = None
     tail_excess_us: float | None = None
@@ -134,6 +132,13 @@ class PerfResult(_Model):
     pooled_judgings: int = 1
     load_avg: float | None = None
     cpus: int | None = None
+
+    @model_validator(mode="after")
+    def _consistent_with_verdict(self) -> PerfResult:
+        why = self.verdict.problem(self.model_dump())
+        if why is not None:
+            raise ValueError(f"perf entry {self.name!r} has verdict {self.verdict.value!r}, but {why}")
+        return self
 
 
 class CandidateInfo(_Model):

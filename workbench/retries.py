@@ -27,6 +27,7 @@ import logging
 import os
 from pathlib import Path
 
+from guards.perf_status import PerfStatus
 from guards.verdict import Evidence, Status, Verdict
 
 logger = logging.getLogger("workbench.retries")
@@ -37,8 +38,8 @@ LEDGER_FILE = "judgings.jsonl"
 CARRIED_GUARDS = ("isolation", "audit", "correctness", "activation", "model_eval")
 """Guards whose FAIL on an earlier judging of the same content fails every later judging of it."""
 
-POOLED_PERF_VERDICTS = ("gain", "no_gain", "neutral", "regression")
-"""Per-configuration verdicts decided by the timings alone; only their pairs are pooled."""
+POOLED_PERF_VERDICTS = tuple(s.value for s in PerfStatus if s.timing_only)
+"""Per-configuration verdicts decided by the timings alone (``PerfStatus.timing_only``); only their pairs are pooled."""
 
 
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
@@ -229,7 +230,7 @@ def pool(task, verdicts: list[Verdict], perf: list[dict], earlier: list[Judging]
         if not used:
             pooled.append(r)
             continue
-        claimed = r["verdict"] in ("gain", "no_gain")
+        claimed = PerfStatus(r["verdict"]).claimed
         st = classify(base, cand, claimed=claimed, max_regression_pct=max_reg, min_speedup=task.perf.min_speedup,
                       confidence=task.perf.confidence, alpha=alpha, seed=seed + idx)
         pooled.append({**r, "baseline_us": tuple(base), "candidate_us": tuple(cand),
