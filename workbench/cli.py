@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -134,38 +135,42 @@ def _model_eval_vllm(on: bool) -> None:
         envs.MODEL_EVAL_VLLM.export("on")
 
 
+TaskArg = Annotated[str, typer.Argument(help="Task id (a folder under tasks/).")]
+BaseOpt = Annotated[str | None, typer.Option("--base", help="Base revision (default HEAD; for a branch, its merge-base).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+RepoOpt = Annotated[Path | None, typer.Option("--repo", help="The workbench checkout (default: the repo around the cwd).")]
+NoQueueOpt = Annotated[bool, typer.Option("--no-queue", help="Do not put an accepted candidate in the review queue.")]
+ModelEvalVllmOpt = Annotated[bool, typer.Option("--model-eval-vllm", help="Also run the model eval through vLLM "
+                                                "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
+"""The options ``run`` and ``agent`` share (one declaration each, the same names and help in both)."""
+
+BACKENDS = ("anthropic", "command", "patch")
+"""``workbench agent --backend`` values: the API tool loop, a command-line agent, a fixed candidate."""
+
+
 @app.command()
 def run(
-    task_id: str = typer.Argument(..., help="Task id (a folder under tasks/)."),
-    candidate: str | None = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch (the patch backend)."),
-    base: str | None = typer.Option(None, help="Base revision (default HEAD; for a branch, its merge-base)."),
-    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+    task_id: TaskArg,
+    candidate: str | None = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch."),
+    base: BaseOpt = None,
+    device: DeviceOpt = "auto",
     seed: int | None = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
-    repo: Path | None = typer.Option(None, help="The workbench checkout (default: the repo around the cwd)."),
-    no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
-    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "
-        "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
-    agent: str = typer.Option("patch", "--agent", help="patch (judge --candidate), anthropic (API tool loop) or command (--agent-cmd)."),
-    attempts: int = typer.Option(1, "--attempts", help="Attempts; after a rejection the agent gets the evidence and tries again."),
-    agent_cmd: str | None = typer.Option(None, "--agent-cmd", help="Command template for --agent command, e.g. 'claude -p {prompt}'."),
-    agent_env: list[str] | None = typer.Option(None, "--agent-env", help="Variable passed to the command agent "
-        "(repeatable); it gets no others but PATH, LANG, LC_ALL, TERM, TZ."),
-    model: str | None = typer.Option(None, "--model", help="Model for --agent anthropic (default claude-sonnet-4-6)."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    repo: RepoOpt = None,
+    no_queue: NoQueueOpt = False,
+    model_eval_vllm: ModelEvalVllmOpt = False,
+    agent: str | None = typer.Option(None, "--agent", hidden=True, help="Moved: `workbench agent --backend`."),
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Judge a candidate (--candidate), or let an agent write one (--agent anthropic|command) and judge each attempt."""
+    """Judge a candidate you already have (a patch, an overlay folder or a branch) against the base."""
     _verbosity(verbose)
-    _model_eval_vllm(model_eval_vllm)
-    if agent != "patch" or attempts != 1:
-        _run_agent_cli(task_id, agent=agent, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
-                       agent_env=agent_env or [], model=model, max_turns=max_turns, max_tokens=max_tokens,
-                       budget_s=budget_s, base=base, device=device, seed=seed, repo=repo, no_queue=no_queue)
-        return
+    if agent is not None:
+        _fail(WorkbenchError(f"run judges a given candidate; letting an agent write one is its own command: "
+                             f"workbench agent {task_id} --backend {agent} (see `workbench agent --help`)."))
     if candidate is None:
-        _fail(WorkbenchError("run: give --candidate PATCH|FOLDER|BRANCH, or --agent anthropic|command to let an agent write one."))
+        _fail(WorkbenchError("run: give --candidate PATCH|FOLDER|BRANCH; to let an agent write one, use "
+                             f"`workbench agent {task_id} --backend anthropic|command`."))
+    _model_eval_vllm(model_eval_vllm)
     from workbench.pipeline import run_candidate
 
     try:
@@ -178,26 +183,56 @@ def run(
     raise typer.Exit(_exit_code(result))
 
 
+@app.command()
+def agent(
+    task_id: TaskArg,
+    backend: str = typer.Option(..., "--backend", "-b", help="anthropic (API tool loop), command (--agent-cmd) or "
+                                "patch (a fixed --candidate, judged as one attempt)."),
+    attempts: int = typer.Option(1, "--attempts", help="Attempts; after a rejection the agent gets the evidence and tries again."),
+    agent_cmd: str | None = typer.Option(None, "--agent-cmd", help="Command template for --backend command, e.g. 'claude -p {prompt}'."),
+    agent_env: list[str] | None = typer.Option(None, "--agent-env", help="Variable passed to the command agent "
+        "(repeatable); it gets no others but PATH, LANG, LC_ALL, TERM, TZ."),
+    model: str | None = typer.Option(None, "--model", help="Model for --backend anthropic (default claude-sonnet-4-6)."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="API calls per attempt (anthropic; default 40)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Tokens per response (anthropic; default 16000)."),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="Wall-clock budget per attempt, seconds (default 1800)."),
+    candidate: str | None = typer.Option(None, "--candidate", "-c", help="The fixed candidate of --backend patch."),
+    seed: int | None = typer.Option(None, hidden=True, help="Refused: every attempt draws its own seed."),
+    base: BaseOpt = None,
+    device: DeviceOpt = "auto",
+    repo: RepoOpt = None,
+    no_queue: NoQueueOpt = False,
+    model_eval_vllm: ModelEvalVllmOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Let an agent write a candidate in its own worktree; judge each attempt and feed a rejection back to it."""
+    _verbosity(verbose)
+    _model_eval_vllm(model_eval_vllm)
+    _run_agent_cli(task_id, agent=backend, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
+                   agent_env=agent_env or [], model=model, max_turns=max_turns, max_tokens=max_tokens,
+                   budget_s=budget_s, base=base, device=device, seed=seed, repo=repo, no_queue=no_queue)
+
+
 def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts: int, agent_cmd: str | None,
                    agent_env: list[str], model: str | None, max_turns: int | None, max_tokens: int | None,
                    budget_s: float | None, base: str | None, device: str, seed: int | None,
                    repo: Path | None, no_queue: bool = False) -> None:
-    """``run --agent ...``: build the backend from the options, run the attempts, print each verdict."""
+    """``workbench agent``: build the backend from the options, run the attempts, print each verdict."""
     log = logging.getLogger("workbench.cli")
     try:
         if seed is not None:
-            raise WorkbenchError("--seed is not used with --agent: every attempt draws a fresh run-time seed "
+            raise WorkbenchError("--seed is not used by `workbench agent`: every attempt draws a fresh run-time seed "
                                  "(recorded in its result file).")
-        if agent not in ("anthropic", "command", "patch"):
-            raise WorkbenchError(f"--agent {agent!r}: expected anthropic, command or patch.")
+        if agent not in BACKENDS:
+            raise WorkbenchError(f"--backend {agent!r}: expected {', '.join(BACKENDS)}.")
         if attempts < 1:
             raise WorkbenchError(f"--attempts {attempts}: must be at least 1.")
         if agent != "command" and (agent_cmd or agent_env):
-            raise WorkbenchError("--agent-cmd and --agent-env belong to --agent command.")
+            raise WorkbenchError("--agent-cmd and --agent-env belong to --backend command.")
         if agent != "anthropic" and (model or max_turns is not None or max_tokens is not None):
-            raise WorkbenchError("--model, --max-turns and --max-tokens belong to --agent anthropic.")
+            raise WorkbenchError("--model, --max-turns and --max-tokens belong to --backend anthropic.")
         if agent != "patch" and candidate:
-            raise WorkbenchError(f"--candidate belongs to the patch backend, not --agent {agent}.")
+            raise WorkbenchError(f"--candidate belongs to --backend patch, not --backend {agent}.")
         root = _root(repo)
         if agent == "anthropic":
             from workbench.agents.anthropic_backend import AnthropicBackend
@@ -209,17 +244,17 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts:
             from workbench.agents.command_backend import CommandBackend
 
             if not agent_cmd:
-                raise WorkbenchError("--agent command needs --agent-cmd TEMPLATE, e.g. --agent-cmd 'claude -p {prompt}'.")
+                raise WorkbenchError("--backend command needs --agent-cmd TEMPLATE, e.g. --agent-cmd 'claude -p {prompt}'.")
             backend = CommandBackend(agent_cmd, env_allow=agent_env,
                                      **({"budget_s": budget_s} if budget_s is not None else {}))
         else:
             from workbench.agents.patch_backend import PatchBackend
 
             if not candidate:
-                raise WorkbenchError("--agent patch needs --candidate PATCH|FOLDER|BRANCH.")
+                raise WorkbenchError("--backend patch needs --candidate PATCH|FOLDER|BRANCH.")
             if attempts != 1:
                 raise WorkbenchError(f"--attempts {attempts}: the patch backend judges one fixed candidate; "
-                                     "use --agent anthropic or command to iterate.")
+                                     "use --backend anthropic or command to iterate.")
             backend = PatchBackend(candidate, root)
         log.info("dispatch: run %s with backend %s, %d attempt(s)", task_id, backend.label, attempts)
         from workbench.agents.runner import run_agent

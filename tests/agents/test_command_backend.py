@@ -24,8 +24,8 @@ SCRIPTED = Path(__file__).with_name("scripted_agent.py")
 
 
 def test_scripted_agent_iterates_via_cli(repo):
-    """`workbench run --agent command --attempts 2`: wrong kernel, feedback, right kernel, accepted."""
-    cmd = [sys.executable, "-m", "workbench", "run", "k3_moe_dispatch", "--agent", "command", "--attempts", "2",
+    """`workbench agent --backend command --attempts 2`: wrong kernel, feedback, right kernel, accepted."""
+    cmd = [sys.executable, "-m", "workbench", "agent", "k3_moe_dispatch", "--backend", "command", "--attempts", "2",
            "--device", "cpu", "--repo", str(repo), "--agent-cmd", f"{sys.executable} {SCRIPTED} {{feedback_file}}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600)
     last = Path(proc.stdout.strip().splitlines()[-1])

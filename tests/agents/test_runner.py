@@ -129,18 +129,31 @@ def test_check_on_an_unchanged_worktree_says_nothing_changed(repo):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--agent", "bogus"], "--agent 'bogus': expected anthropic, command or patch"),
-    (["--agent", "command"], "--agent command needs --agent-cmd"),
-    (["--agent", "command", "--agent-cmd", "x {nope}"], "unknown placeholder {nope}"),
-    (["--agent", "command", "--agent-cmd", "x", "--model", "m"], "--model, --max-turns and --max-tokens belong"),
-    (["--agent", "anthropic", "--attempts", "0"], "--attempts 0: must be at least 1"),
-    (["--agent", "patch", "--candidate", "x", "--attempts", "2"], None),
-    (["--agent", "anthropic", "--seed", "5"], "--seed is not used with --agent"),
-    (["--agent", "anthropic"], "needs an API key"),
-    ([], "give --candidate"),
+    (["--backend", "bogus"], "--backend 'bogus': expected anthropic, command, patch"),
+    (["--backend", "command"], "--backend command needs --agent-cmd"),
+    (["--backend", "command", "--agent-cmd", "x {nope}"], "unknown placeholder {nope}"),
+    (["--backend", "command", "--agent-cmd", "x", "--model", "m"], "--model, --max-turns and --max-tokens belong"),
+    (["--backend", "anthropic", "--attempts", "0"], "--attempts 0: must be at least 1"),
+    (["--backend", "patch", "--candidate", "x", "--attempts", "2"], "the patch backend judges one fixed candidate"),
+    (["--backend", "patch"], "--backend patch needs --candidate"),
+    (["--backend", "command", "--agent-cmd", "x", "--candidate", "p.patch"], "--candidate belongs to --backend patch"),
+    (["--backend", "anthropic", "--seed", "5"], "--seed is not used by `workbench agent`"),
+    (["--backend", "anthropic"], "needs an API key"),
+])
+def test_agent_cli_bad_input_exits_2(repo, monkeypatch, args, message):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    res = CliRunner().invoke(app, ["agent", "k3_moe_dispatch", "--repo", str(repo), *args])
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give --candidate PATCH|FOLDER|BRANCH; to let an agent write one, use `workbench agent k3_moe_dispatch"),
+    (["--agent", "command"], "letting an agent write one is its own command: workbench agent k3_moe_dispatch "
+                             "--backend command"),
 ])
 def test_cli_bad_input_exits_2(repo, monkeypatch, args, message):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     res = CliRunner().invoke(app, ["run", "k3_moe_dispatch", "--repo", str(repo), *args])
     assert res.exit_code == 2, res.output
-    assert (message or "") in " ".join(res.output.split())
+    assert message in " ".join(res.output.split())

@@ -153,7 +153,7 @@ class AnthropicBackend:
 
             key = api_key or os.environ.get("ANTHROPIC_API_KEY")
             if not key:
-                raise AgentError("--agent anthropic needs an API key: set ANTHROPIC_API_KEY (the key reaches the "
+                raise AgentError("--backend anthropic needs an API key: set ANTHROPIC_API_KEY (the key reaches the "
                                  "API client only; candidate code and guard children never see it).")
             client = anthropic.Anthropic(api_key=key, max_retries=max_retries)
         self.client = client
