@@ -196,8 +196,17 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
             "environment": envmod.collect("cuda"), "rows": rows}
 
 
-def plot(json_path: Path, png_path: Path) -> None:
-    """Plot microseconds per call against batch for every variant (log-log) with the graph floor."""
+def plot(json_path: Path, png_path: Path, *, floor_label: str = "floor (graph launch / bandwidth)",
+         xlabel: str = "decode batch (tokens)", ylabel: str = "us per call (median)") -> None:
+    """Plot microseconds per call against batch for every variant (log-log) with the graph floor.
+
+    Args:
+        json_path: a ``workbench bench`` (or ``bench_dist``) result file: ``rows`` with ``batch``,
+            ``<variant>_us`` per variant and ``floor_graph_us`` (microseconds); a variant missing from a
+            row is not drawn.
+        png_path: where the figure goes.
+        floor_label, xlabel, ylabel: the floor's legend and the axis labels.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,17 +216,18 @@ def plot(json_path: Path, png_path: Path) -> None:
     rows = data["rows"]
     xs = [r["batch"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for v in VARIANTS:
+    for v in data.get("variants") or VARIANTS:
         key = f"{v}_us"
         if all(key in r for r in rows):
             ax.plot(xs, [r[key] for r in rows], marker="o", label=v.replace("_", " "))
-    ax.plot(xs, [r["floor_graph_us"] for r in rows], "k--", label="floor (graph launch / bandwidth)")
+    ax.plot(xs, [r["floor_graph_us"] for r in rows], "k--", label=floor_label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("decode batch (tokens)")
-    ax.set_ylabel("us per call (median)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     gpu = data.get("environment", {}).get("gpu_name") or ""
-    ax.set_title(f"{data['task_id']} ({data['workload']} sizes) on {gpu}")
+    tp = f" TP{data['world_size']}" if data.get("world_size") else ""
+    ax.set_title(f"{data['task_id']}{tp} ({data['workload']} sizes) on {gpu}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -226,30 +226,12 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def plot(json_path: Path, png_path: Path) -> None:
-    """Microseconds per call against tokens for every variant (log-log), with the floor."""
-    import matplotlib
+    """Microseconds per call against tokens for every variant (log-log), with the floor
+    (:func:`workbench.bench.plot` with this bench's labels)."""
+    from workbench.bench import plot as plot_rows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = json.loads(Path(json_path).read_text())
-    rows = data["rows"]
-    xs = [r["batch"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for v in VARIANTS:
-        ax.plot(xs, [r[f"{v}_us"] for r in rows], marker="o", label=v.replace("_", " "))
-    ax.plot(xs, [r["floor_graph_us"] for r in rows], "k--", label="floor (graph launch / large all-reduce algbw)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("decode tokens T")
-    ax.set_ylabel("us per call (median of the slowest rank)")
-    gpu = data.get("environment", {}).get("gpu_name") or ""
-    ax.set_title(f"{data['task_id']} TP{data['world_size']} ({data['workload']} sizes) on {gpu}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    plot_rows(json_path, png_path, floor_label="floor (graph launch / large all-reduce algbw)",
+              xlabel="decode tokens T", ylabel="us per call (median of the slowest rank)")
 
 
 def main(argv: list[str]) -> int:
