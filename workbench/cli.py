@@ -432,7 +432,7 @@ def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: s
         console.rule(escape(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})"))
         try:
             with _judging():
-                result, path = run_candidate(root, task_id, str(fx.path), device=device, seed=seed)
+                result, path = run_candidate(root, task_id, str(fx.defined_in or fx.path), device=device, seed=seed)
         except CandidateError as exc:
             if "changes nothing" not in str(exc):
                 raise

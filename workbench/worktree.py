@@ -100,12 +100,16 @@ class Candidate:
 
 
 def classify_source(repo: git.Repo, source: str) -> str:
-    """``patch``, ``folder`` or ``branch`` for a ``--candidate`` value.
+    """``patch``, ``folder`` or ``branch`` for a ``--candidate`` value (an inject fixture file is a folder).
 
     Raises:
         CandidateError: it is neither an existing file, an existing folder, nor a git ref.
     """
+    from workbench.fixtures import is_inject
+
     p = Path(source)
+    if p.is_file() and is_inject(p):
+        return "folder"  # a base fixture plus the bug, materialized into an overlay folder
     if p.is_file():
         return "patch"
     if p.is_dir():
@@ -253,7 +257,9 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
                 ) from None
             cand_sha = _commit_all(wt_repo, f"candidate for {task_id} from {Path(source).name}")
         elif kind == "folder":
-            _overlay(Path(source), wt)
+            from workbench.fixtures import overlay_source
+
+            _overlay(overlay_source(Path(source)), wt)
             cand_sha = _commit_all(wt_repo, f"candidate for {task_id} from {Path(source).name}/")
         else:
             cand_sha = tip

@@ -24,7 +24,7 @@ PARAMS = [pytest.param(t, f, id=f"{t}:{f.name}", marks=[pytest.mark.quiet] if f.
 def test_fixture_judged_as_named(project_repo, task_id, fx):
     if not fx.runs_on("cpu"):  # e.g. a Triton kernel: judged on CUDA (bench/results/h200/), never here
         pytest.skip(f"fixture {fx.name} is judged on {fx.devices} only (fixtures/requires.toml)")
-    src = project_repo / fx.path.relative_to(REPO_ROOT)
+    src = project_repo / (fx.defined_in or fx.path).relative_to(REPO_ROOT)  # an inject file: judged as given
     result, path = run_candidate(project_repo, task_id, str(src), device="cpu")
     failure = result.first_failure()
     assert fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None), (

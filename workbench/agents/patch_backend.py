@@ -59,7 +59,9 @@ class PatchBackend:
             tr.write("end", stop_reason="nothing_new")
             return AttemptOutcome(stop_reason="nothing_new", submitted=False)
         if self.kind == "folder":
-            _overlay(Path(self.source), ctx.worktree)
+            from workbench.fixtures import overlay_source
+
+            _overlay(overlay_source(Path(self.source)), ctx.worktree)
         else:
             if self.kind == "patch":
                 diff = Path(self.source).read_bytes()
