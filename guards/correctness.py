@@ -5,7 +5,9 @@ shown to the candidate). Each case is called three times in a child process: fre
 the same buffers refilled with other data (an output cache keyed by pointer returns stale data);
 fresh buffers again (a moving result is a race). Outputs are poisoned before each call, inputs must
 be unchanged after it, and outputs are compared in this process against ``reference.py`` with the
-task's ``check`` (or per-output tolerances when the task has none).
+task's ``check`` (or per-output tolerances when the task has none). When the kernel's scope declares
+shapes (``OpScope.shapes``), every random draw outside them (run by the standard path) gets a
+counterpart moved inside them, run in a second child (:mod:`guards.scope_shapes`).
 
 Source: issue 2 guard 2; DESIGN.md "Trust model".
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from guards import progress
+from guards import progress, scope_shapes
 from guards.base import GuardContext
 from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
 from guards.sandbox import run_child, run_ranks
@@ -265,6 +267,16 @@ class CorrectnessGuard:
         by_name, failed, duration, outcome = self._run(ctx, cases, ref)
         if failed is not None:
             return failed
+        if not outcome.response.get("scope_beyond_limits"):  # draws moved into the kernel's declared shapes
+            extra = [build_case(task, w, ctx.seed) for w in scope_shapes.followups(
+                task, outcome.response.get("scope"), [c.workload for c in cases if c.name.startswith("random-")])]
+            if extra:
+                more, failed, more_s, _ = self._run(ctx, extra, ref)
+                if failed is not None:
+                    return failed
+                by_name.update(more)
+                cases += extra
+                duration += more_s
         # distributed: every case of a world size that ran has an entry (maybe empty: "no result"), so an
         # absent one belongs to a larger world size not run after a failing one; one process: none is absent
         stopped = [c for c in cases if c.name not in by_name] if task.distributed is not None else []

@@ -82,13 +82,13 @@ OLD_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1
                 batch_min=1, batch_max=64)"""
 TP2_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(2,), dtypes=("bfloat16",),
                 batch_min=1, batch_max=64)"""
-NEW_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(2,), dtypes=("bfloat16",),
+NEW_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("bfloat16",),
                 batch_min=1, batch_max=64, shapes={"D": {"multiple_of": 8}})"""
 
 
-def _ctx(repo: Path, tmp_path: Path, src: str, name: str) -> GuardContext:
+def _ctx(repo: Path, tmp_path: Path, src: str, name: str, draws: int = 0, seed: int = 7) -> GuardContext:
     """A candidate of the allreduce task with kernel source ``src``, judged on three TP-2 workloads only
-    (one at D = 250) and no random draws, so the test stays cheap."""
+    (one at D = 250) and ``draws`` random draws, so the test stays cheap."""
     overlay = tmp_path / name
     (overlay / KERNEL).parent.mkdir(parents=True)
     (overlay / KERNEL).write_text(src)
@@ -96,9 +96,9 @@ def _ctx(repo: Path, tmp_path: Path, src: str, name: str) -> GuardContext:
     task = load_task(repo, AR)
     keep = ("k3_w2_t8", "mini_w2_t5", "edge_hidden_250_w2")
     task = task.model_copy(update={"correctness": task.correctness.model_copy(update={
-        "random_draws": 0, "workloads": tuple(w for w in task.correctness.workloads if w.name in keep)})})
+        "random_draws": draws, "workloads": tuple(w for w in task.correctness.workloads if w.name in keep)})})
     ctx = GuardContext(task=task, repo_root=repo, worktree=c.worktree, base_commit=c.base_commit,
-                       candidate_commit=c.candidate_commit, device="cpu", seed=7)
+                       candidate_commit=c.candidate_commit, device="cpu", seed=seed)
     assert IsolationGuard().check(ctx).status is Status.PASS
     return ctx
 
@@ -113,12 +113,52 @@ def test_a_kernel_wrong_only_outside_its_declared_shapes_is_accepted_and_without
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL
     assert v.summary.startswith("1 of 3 configurations wrong; first: edge_hidden_250_w2 (T=5, 2 ranks): ")
-    # declaring D multiple_of 8: the dispatcher sends D = 250 to the standard path, both guards accept
-    ctx = _ctx(project_repo, tmp_path, src.replace(OLD_SCOPE, NEW_SCOPE), "tail-bug-declared")
-    assert CorrectnessGuard().check(ctx).status is Status.PASS
-    impl = {c["name"]: c["implementation"] for c in ctx.artifacts["cases"]}
-    assert impl == {"k3_w2_t8": "latency_specialized", "mini_w2_t5": "latency_specialized",
-                    "edge_hidden_250_w2": "standard"}
+    # declaring D multiple_of 8: the dispatcher sends D = 250 to the standard path, both guards accept.
+    # Seed 2 draws (W 1, D 4688) and (W 1, D 19): the second runs the standard path, and its counterpart
+    # moved to D = 16 runs the kernel (guards/scope_shapes.py)
+    ctx = _ctx(project_repo, tmp_path, src.replace(OLD_SCOPE, NEW_SCOPE), "tail-bug-declared", draws=2, seed=2)
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.PASS, v.summary
+    impl = {c["name"]: (c["axes"]["D"], c["implementation"]) for c in ctx.artifacts["cases"]}
+    fixed = {k: v for k, v in impl.items() if not k.startswith("random-")}
+    assert fixed == {"k3_w2_t8": (7168, "latency_specialized"), "mini_w2_t5": (256, "latency_specialized"),
+                     "edge_hidden_250_w2": (250, "standard")}
+    drawn = sorted(v for k, v in impl.items() if k.startswith("random-"))
+    assert drawn == [(16, "latency_specialized"), (19, "standard"), (4688, "latency_specialized")], impl
+    assert any(k.endswith("-in-shapes") for k in impl)
     a = ActivationGuard().check(ctx)
     assert a.status is Status.PASS, a.summary
-    assert "ran in all 2 configurations inside its declared scope" in a.summary
+    assert "ran in all 4 configurations inside its declared scope" in a.summary
+
+
+def test_random_draws_outside_the_declared_shapes_get_a_counterpart_inside():
+    from guards.cases import random_workloads
+    from guards.scope_shapes import admitted_near, followups
+
+    task = load_task(ROOT, AR)
+    d = task.domain.axes["D"]
+    assert admitted_near(d, {"multiple_of": 8}, 250) == [248, 256, 8]
+    assert admitted_near(d, {"multiple_of": 8}, 7167) == [7168, 7160, 8]
+    assert admitted_near(d, {"multiple_of": 8}, 1) == [8]
+    draws = [w for seed in range(4) for w in random_workloads(task, seed)]
+    scope = {**BASE_SCOPE, "shapes": {"D": {"multiple_of": 8}}}
+    out = followups(task, scope, draws)
+    outside = [w for w in draws if w.axes["D"] % 8]
+    assert outside and len(out) == len(outside)  # every draw outside has one inside (cost limits allow it)
+    for w, m in zip(outside, out):
+        assert m.name == w.name + "-in-shapes" and m.axes["D"] % 8 == 0 and abs(m.axes["D"] - w.axes["D"]) < 8
+        assert {k: v for k, v in m.axes.items() if k != "D"} == {k: v for k, v in w.axes.items() if k != "D"}
+        assert m.case == w.case and m.params == w.params and task.domain.satisfied({**m.axes, **m.params})
+    assert followups(task, dict(BASE_SCOPE), draws) == []  # no shape rules: nothing to add
+    assert followups(task, {**BASE_SCOPE, "shapes": "D%8"}, draws) == []  # not plain data: activation rejects it
+
+
+def test_moe_draws_are_moved_to_a_declared_expert_count_that_keeps_the_constraints():
+    from guards.cases import random_workloads
+    from guards.scope_shapes import followups
+
+    task = load_task(ROOT, "k3_moe_dispatch")
+    draws = random_workloads(task, 3)
+    scope = {"devices": ["cpu"], "shapes": {"E": {"choices": (32, 896)}}}
+    for m in followups(task, scope, draws):
+        assert m.axes["E"] in (32, 896) and task.domain.satisfied({**m.axes, **m.params})
