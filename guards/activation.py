@@ -18,10 +18,10 @@ Source: issue 2 guard 3; issue 12 item 4; DESIGN.md "K3 ops and the decode backe
 
 from __future__ import annotations
 
-from guards.base import GuardContext
-from guards.verdict import Evidence, Status, Verdict
 import importlib
 
+from guards.base import GuardContext
+from guards.verdict import Evidence, Status, Verdict
 from k3_model.dispatch import BatchInfo, OpScope, ScopeError, op_shape_domain, parse_scope, route, shape_rule_admits
 
 LS = "latency_specialized"
