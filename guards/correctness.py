@@ -128,8 +128,13 @@ class CorrectnessGuard:
 
     name = "correctness"
 
-    def _run(self, ctx: GuardContext, cases: list[Case], ref=None):
+    def _run(self, ctx: GuardContext, cases: list[Case], ref=None, tp_sizes: list[int] | None = None):
         """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, outcome).
+
+        ``tp_sizes``: the world sizes the whole judgment tests, added to those of ``cases`` (the child's
+        early scope check compares the declared scope with them). A later run of a few cases (shrinking, the
+        draws moved into declared shapes) passes the first run's, or a scope claiming TP sizes those few
+        cases lack would be refused there and return no result.
 
         A distributed task runs one world size after the other, smallest first; with ``ref`` (the task's
         reference module) a world size with a wrong case ends the run there, and the larger world sizes
@@ -139,7 +144,7 @@ class CorrectnessGuard:
         task = ctx.task
         base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
                 "decode_backend": "latency_specialized",
-                "scope_limits": scope_limits(task, ctx.device, sorted({c.world_size for c in cases}))}
+                "scope_limits": scope_limits(task, ctx.device, sorted(set(tp_sizes or ()) | {c.world_size for c in cases}))}
         results: dict[str, list[dict]] = {}
         duration = 0.0
         if task.distributed is None:
@@ -227,7 +232,7 @@ class CorrectnessGuard:
                             break
         return mism, impls, call_traces
 
-    def _shrink(self, ctx: GuardContext, ref, case: Case) -> ShrinkResult:
+    def _shrink(self, ctx: GuardContext, ref, case: Case, tp_sizes: list[int]) -> ShrinkResult:
         """The smallest configuration near a failing random draw that still fails (issue 19: a minimal
         failing case in the report). Each try is one child run of one configuration; a child that
         crashes or times out on it counts as failing there too.
@@ -244,7 +249,7 @@ class CorrectnessGuard:
             tried += 1
             progress.phase(f"shrinking {case.name}: try {tried} of at most {SHRINK_CHILD_RUNS}")
             c = build_case(ctx.task, w, ctx.seed)
-            by_name, failed, _, _ = self._run(ctx, [c])
+            by_name, failed, _, _ = self._run(ctx, [c], tp_sizes=tp_sizes)
             if failed is not None:
                 return True
             return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [])[0])
@@ -271,7 +276,7 @@ class CorrectnessGuard:
             extra = [build_case(task, w, ctx.seed) for w in scope_shapes.followups(
                 task, outcome.response.get("scope"), [c.workload for c in cases if c.name.startswith("random-")])]
             if extra:
-                more, failed, more_s, _ = self._run(ctx, extra, ref)
+                more, failed, more_s, _ = self._run(ctx, extra, ref, tp_sizes=planned_tp)
                 if failed is not None:
                     return failed
                 by_name.update(more)
@@ -327,7 +332,7 @@ class CorrectnessGuard:
             shrunk = ""
             if task.domain is not None and all(c.name.startswith("random-") for c, _ in failures):
                 # only random draws fail: their configuration is arbitrary, so find a smaller one
-                sr = self._shrink(ctx, ref, case)
+                sr = self._shrink(ctx, ref, case, planned_tp)
                 w = sr.workload
                 where = f"{dict(w.axes)} {dict(w.params)} regime {w.case}"
                 ev.append(Evidence(name="shrunk", value=where, path="; ".join(sr.steps) or "no smaller failing "
