@@ -159,3 +159,28 @@ def test_moe_draws_are_moved_to_a_declared_expert_count_that_keeps_the_constrain
     scope = {"devices": ["cpu"], "shapes": {"E": {"choices": (32, 896)}}}
     for m in followups(task, scope, draws):
         assert m.axes["E"] in (32, 896) and task.domain.satisfied({**m.axes, **m.params})
+
+
+def test_a_later_run_of_few_cases_checks_the_scope_against_every_tp_size_judged(monkeypatch, tmp_path):
+    """Shrinking or the moved draws run a few cases in a new child; its early scope check must see the
+    whole judgment's world sizes, or a kernel claiming TP 1 and 2 is refused on a TP-1-only rerun."""
+    import guards.correctness as corr
+    from guards.cases import build_case
+    from guards.sandbox import ChildOutcome
+
+    task = load_task(ROOT, AR)
+    seen = []
+
+    def fake_ranks(worktree, reqs, **kw):
+        seen.append([r["scope_limits"]["tp_sizes"] for r in reqs])
+        return [ChildOutcome(response={"ok": True, "cases": []}, returncode=0, timed_out=False, duration_s=0.1,
+                             stdout_tail="", stderr_tail="", problem=None) for _ in reqs]
+
+    monkeypatch.setattr(corr, "run_ranks", fake_ranks)
+    ctx = GuardContext(task=task, repo_root=tmp_path, worktree=tmp_path, base_commit="b" * 40,
+                       candidate_commit="c" * 40, device="cpu", seed=1)
+    w = task.workload("k3_w1_t1").model_copy(update={"axes": {"W": 1, "T": 1, "D": 16}})
+    c = build_case(task, w, 1)
+    corr.CorrectnessGuard()._run(ctx, [c])
+    corr.CorrectnessGuard()._run(ctx, [c], tp_sizes=[2, 4])
+    assert seen == [[[1]], [[1, 2, 4]]]
