@@ -7,23 +7,80 @@ imports, or a change on top of a kernel already merged that leaves the running c
 the task's scope (claims what was never tested), when a configuration inside the declared scope did
 not run the latency-specialized implementation, or when one outside it did, or when the declared scope
 is not plain data. "Inside the declared scope" is decided by the dispatcher's own rule: the reported
-scope is parsed with :func:`k3_model.dispatch.parse_scope` and asked with ``OpScope.covers``, so the
-guard and the dispatcher cannot read one scope two ways.
+scope is parsed with :func:`k3_model.dispatch.parse_scope` and asked with :func:`k3_model.dispatch.route`
+(the op's judged shape domain, then ``OpScope.covers``), so the guard and the dispatcher cannot read one
+scope two ways. A configuration outside the shapes a kernel declares (``OpScope.shapes``) must run the
+standard path; shape rules reaching beyond the task's ``[domain.axes]`` are an over-claim, like a batch
+range beyond the task's.
 
 Source: issue 2 guard 3; issue 12 item 4; DESIGN.md "K3 ops and the decode backend".
 """
 
 from __future__ import annotations
 
+import importlib
+
 from guards.base import GuardContext
 from guards.verdict import Evidence, Status, Verdict
-from k3_model.dispatch import BatchInfo, OpScope, ScopeError, parse_scope
+from k3_model.dispatch import BatchInfo, OpScope, ScopeError, op_shape_domain, parse_scope, route, shape_rule_admits
 
 LS = "latency_specialized"
 
 
-def scope_excess(claimed: dict, task_scope) -> list[str]:
-    """Ways the claimed scope exceeds the task's declared scope (empty list: it fits)."""
+def _op_module(task) -> None:
+    """Import the task's op module from the workbench's own checkout (never candidate code), so the op's
+    shape axes and judged domain are registered with the dispatcher (:func:`k3_model.dispatch.register_op_shapes`)."""
+    importlib.import_module(task.target.split(":")[0])
+
+
+def case_shapes(task, axes: dict) -> dict[str, int]:
+    """The op's shape axes of one configuration (task axis values named as the op registered them)."""
+    _op_module(task)
+    return {a: axes[a] for a in (op_shape_domain(task.op) or {}) if a in axes}
+
+
+def shape_excess(shapes: dict, task) -> list[str]:
+    """Ways declared shape rules (``OpScope.shapes``) reach beyond the task's ``[domain.axes]``: a listed
+    choice the domain lacks, a ``min``/``max`` past the domain's ends, or rules no domain value meets
+    (the kernel would never run). Empty list: they fit.
+
+    Source: issue 19 item 1 (declared shapes in scope); a declared set must equal what the task tests,
+    as for the batch range.
+    """
+    out = []
+    dom = task.domain
+    for axis, rule in shapes.items():
+        spec = None if dom is None else dom.axes.get(axis)
+        if spec is None:
+            out.append(f"shapes axis {axis} has no [domain.axes.{axis}] in the task, so no shape of it is judged")
+            continue
+        if spec.choices is not None:
+            values = [c for c in spec.choices if type(c) is int]
+            lo, hi, legal = min(values), max(values), f"choices {values}"
+        else:
+            lo, hi, legal = int(spec.min), int(spec.max), f"[{spec.min}, {spec.max}]"
+        extra = [c for c in rule.get("choices", ()) if not spec.contains(c)]
+        if extra:
+            out.append(f"shapes {axis} choices {extra} not in the task's domain {axis} {legal}")
+        if rule.get("min", lo) < lo or rule.get("max", hi) > hi:
+            out.append(f"shapes {axis} [{rule.get('min', lo)}, {rule.get('max', hi)}] exceeds the task's domain "
+                       f"{axis} {legal}")
+        if spec.choices is not None:
+            empty = not any(shape_rule_admits(rule, c) for c in values)
+        elif "choices" in rule:
+            empty = not any(lo <= c <= hi and shape_rule_admits(rule, c) for c in rule["choices"])
+        else:
+            m, a, b = rule.get("multiple_of", 1), max(lo, rule.get("min", lo)), min(hi, rule.get("max", hi))
+            empty = -(-a // m) * m > b
+        if empty and not extra:
+            out.append(f"shapes {axis} {rule} admits no value of the task's domain {axis} {legal}: the kernel "
+                       "would never run")
+    return out
+
+
+def scope_excess(claimed: dict, task_scope, task=None) -> list[str]:
+    """Ways the claimed scope exceeds the task's declared scope (empty list: it fits); with ``task``, also
+    declared shape rules beyond its domain (:func:`shape_excess`)."""
     out = []
     for field, allowed in (("devices", task_scope.devices), ("phases", task_scope.phases),
                            ("tp_sizes", task_scope.tp_sizes), ("dtypes", task_scope.dtypes)):
@@ -35,26 +92,38 @@ def scope_excess(claimed: dict, task_scope) -> list[str]:
             f"batch [{claimed.get('batch_min')}, {claimed.get('batch_max')}] exceeds the task's "
             f"[{task_scope.batch_min}, {task_scope.batch_max}]"
         )
+    if task is not None and claimed.get("shapes"):
+        out += shape_excess(claimed["shapes"], task)
     return out
 
 
-def claimed_scope(claimed: dict) -> OpScope:
-    """The scope the child reported (``OpScope.to_dict`` with lists), parsed by the dispatcher's rules.
+def claimed_scope(claimed: dict, op: str | None = None) -> OpScope:
+    """The scope the child reported (``OpScope.to_dict`` with lists), parsed by the dispatcher's rules
+    (with ``op``: its ``shapes`` axes checked against the op's, whose module must be imported).
 
     Raises:
         ScopeError: it is not plain data (the child's dispatcher would have refused it too).
     """
-    return parse_scope(dict(claimed), where="the declared scope the correctness child reported")
+    return parse_scope(dict(claimed), where="the declared scope the correctness child reported", op=op)
 
 
-def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1) -> bool:
-    """Whether a configuration lies inside a claimed scope: the dispatcher's own rule (``OpScope.covers``).
+def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1,
+           op: str | None = None, shapes: dict[str, int] | None = None) -> bool:
+    """Whether a configuration lies inside a claimed scope: the dispatcher's own rule
+    (:func:`k3_model.dispatch.route` with ``op``: the op's judged shape domain and the kernel's
+    ``shapes``; without: ``OpScope.covers`` alone).
+
+    Args:
+        op: the op name (its module imported, so its shape domain is registered); ``None``: no shape check
+            beyond the scope's own ``shapes``.
+        shapes: the configuration's shape axes (:func:`case_shapes`).
 
     Raises:
         ScopeError: ``claimed`` is a dict that is not plain scope data.
     """
     scope = claimed if type(claimed) is OpScope else claimed_scope(claimed)
-    return scope.covers(BatchInfo(phase, batch, device, dtype, tp))[0]
+    batch_info = BatchInfo(phase, batch, device, dtype, tp, dict(shapes or {}))
+    return (route(op, scope, batch_info) if op is not None else scope.covers(batch_info))[0]
 
 
 def scope_verdict(claimed: dict | None, task, device: str, tested_tp: list[int]) -> Verdict | None:
@@ -72,7 +141,8 @@ def scope_verdict(claimed: dict | None, task, device: str, tested_tp: list[int])
     if claimed is None:
         return None
     try:
-        scope = claimed_scope(claimed)
+        _op_module(task)
+        scope = claimed_scope(claimed, task.op)
     except ScopeError as exc:
         return Verdict(
             guard="activation", status=Status.FAIL,
@@ -80,7 +150,7 @@ def scope_verdict(claimed: dict | None, task, device: str, tested_tp: list[int])
             evidence=(Evidence(name="declared_scope", value=str(claimed)[:300], path=f"k3_model/kernels/{task.op}/"),),
         )
     claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
-    excess = scope_excess(claimed, task.scope)
+    excess = scope_excess(claimed, task.scope, task)
     untested = sorted(set(claimed["devices"]) - {device})
     if untested and not excess:
         excess = [f"devices {untested} were not judged in this run (device {device}); a scope must equal what "
@@ -121,7 +191,7 @@ class ActivationGuard:
         bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.get("tested_tp_sizes", [1]))
         if bad is not None:
             return bad
-        scope = claimed_scope(claimed)
+        scope = claimed_scope(claimed, task.op)
         # from here on only the parsed value, as the dispatcher (lists: the form the child reports)
         claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
         changed_py = sorted(p for p in ctx.artifacts.get("changed_paths", []) if p.endswith(".py")
@@ -143,7 +213,8 @@ class ActivationGuard:
             batch = case["axes"][task.scope.batch_axis]
             phase = next((c.workload.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
             expect = LS if claims(scope, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
-                                  tp=case.get("world_size", 1)) else "standard"
+                                  tp=case.get("world_size", 1), op=task.op,
+                                  shapes=case_shapes(task, case["axes"])) else "standard"
             expected_ls += expect == LS
             seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls
                     if d.get("op") == task.op]

@@ -5,7 +5,9 @@ shown to the candidate). Each case is called three times in a child process: fre
 the same buffers refilled with other data (an output cache keyed by pointer returns stale data);
 fresh buffers again (a moving result is a race). Outputs are poisoned before each call, inputs must
 be unchanged after it, and outputs are compared in this process against ``reference.py`` with the
-task's ``check`` (or per-output tolerances when the task has none).
+task's ``check`` (or per-output tolerances when the task has none). When the kernel's scope declares
+shapes (``OpScope.shapes``), every random draw outside them (run by the standard path) gets a
+counterpart moved inside them, run in a second child (:mod:`guards.scope_shapes`).
 
 Source: issue 2 guard 2; DESIGN.md "Trust model".
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from guards import progress
+from guards import progress, scope_shapes
 from guards.base import GuardContext
 from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
 from guards.sandbox import run_child, run_ranks
@@ -126,8 +128,13 @@ class CorrectnessGuard:
 
     name = "correctness"
 
-    def _run(self, ctx: GuardContext, cases: list[Case], ref=None):
+    def _run(self, ctx: GuardContext, cases: list[Case], ref=None, tp_sizes: list[int] | None = None):
         """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, outcome).
+
+        ``tp_sizes``: the world sizes the whole judgment tests, added to those of ``cases`` (the child's
+        early scope check compares the declared scope with them). A later run of a few cases (shrinking, the
+        draws moved into declared shapes) passes the first run's, or a scope claiming TP sizes those few
+        cases lack would be refused there and return no result.
 
         A distributed task runs one world size after the other, smallest first; with ``ref`` (the task's
         reference module) a world size with a wrong case ends the run there, and the larger world sizes
@@ -137,7 +144,7 @@ class CorrectnessGuard:
         task = ctx.task
         base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
                 "decode_backend": "latency_specialized",
-                "scope_limits": scope_limits(task, ctx.device, sorted({c.world_size for c in cases}))}
+                "scope_limits": scope_limits(task, ctx.device, sorted(set(tp_sizes or ()) | {c.world_size for c in cases}))}
         results: dict[str, list[dict]] = {}
         duration = 0.0
         if task.distributed is None:
@@ -225,7 +232,7 @@ class CorrectnessGuard:
                             break
         return mism, impls, call_traces
 
-    def _shrink(self, ctx: GuardContext, ref, case: Case) -> ShrinkResult:
+    def _shrink(self, ctx: GuardContext, ref, case: Case, tp_sizes: list[int]) -> ShrinkResult:
         """The smallest configuration near a failing random draw that still fails (issue 19: a minimal
         failing case in the report). Each try is one child run of one configuration; a child that
         crashes or times out on it counts as failing there too.
@@ -242,7 +249,7 @@ class CorrectnessGuard:
             tried += 1
             progress.phase(f"shrinking {case.name}: try {tried} of at most {SHRINK_CHILD_RUNS}")
             c = build_case(ctx.task, w, ctx.seed)
-            by_name, failed, _, _ = self._run(ctx, [c])
+            by_name, failed, _, _ = self._run(ctx, [c], tp_sizes=tp_sizes)
             if failed is not None:
                 return True
             return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [])[0])
@@ -265,6 +272,16 @@ class CorrectnessGuard:
         by_name, failed, duration, outcome = self._run(ctx, cases, ref)
         if failed is not None:
             return failed
+        if not outcome.response.get("scope_beyond_limits"):  # draws moved into the kernel's declared shapes
+            extra = [build_case(task, w, ctx.seed) for w in scope_shapes.followups(
+                task, outcome.response.get("scope"), [c.workload for c in cases if c.name.startswith("random-")])]
+            if extra:
+                more, failed, more_s, _ = self._run(ctx, extra, ref, tp_sizes=planned_tp)
+                if failed is not None:
+                    return failed
+                by_name.update(more)
+                cases += extra
+                duration += more_s
         # distributed: every case of a world size that ran has an entry (maybe empty: "no result"), so an
         # absent one belongs to a larger world size not run after a failing one; one process: none is absent
         stopped = [c for c in cases if c.name not in by_name] if task.distributed is not None else []
@@ -315,7 +332,7 @@ class CorrectnessGuard:
             shrunk = ""
             if task.domain is not None and all(c.name.startswith("random-") for c, _ in failures):
                 # only random draws fail: their configuration is arbitrary, so find a smaller one
-                sr = self._shrink(ctx, ref, case)
+                sr = self._shrink(ctx, ref, case, planned_tp)
                 w = sr.workload
                 where = f"{dict(w.axes)} {dict(w.params)} regime {w.case}"
                 ev.append(Evidence(name="shrunk", value=where, path="; ".join(sr.steps) or "no smaller failing "

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from guards import progress
-from guards.activation import claims
+from guards.activation import case_shapes, claims
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
 from guards.perf_status import PerfStatus
@@ -192,7 +192,8 @@ class PerfGuard:
             c = build_case(task, w, ctx.seed)
             cases.append(c)
             claimed_flags[w.name] = claims(claimed, phase=w.phase, batch=w.axes[task.scope.batch_axis],
-                                         device=ctx.device, dtype=dtype, tp=task.world_size(w))
+                                         device=ctx.device, dtype=dtype, tp=task.world_size(w), op=task.op,
+                                         shapes=case_shapes(task, w.axes))
         with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
             base_kernel = extract_base_kernel(ctx.repo_root, ctx.base_commit, task.op, Path(tmp))
             return self._check(ctx, cases, claimed_flags, base_kernel)

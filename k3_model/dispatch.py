@@ -14,6 +14,17 @@ dispatch decision use the same parsed value, and nothing the kernel does to ``mo
 changes either. Anything else (a tuple subclass, a custom container, a ``bool`` for an ``int``, an
 ``OpScope`` subclass) is a :class:`ScopeError`.
 
+**Shapes.** A scope may also declare the shapes a kernel supports, per shape axis of the op (named as
+the task's axes: moe_dispatch ``E``, ``K``, ``G``, ``TG``, ``B``; dspark_verify ``D``, ``V``, ``Q``;
+allreduce_rmsnorm ``D``), as plain rules: ``shapes={"D": {"multiple_of": 8, "max": 4096}}`` (keys
+``choices``, ``min``, ``max``, ``multiple_of``; a value is inside when it meets every rule of its axis).
+An axis the scope does not name means "every value of the judged domain". Independently of any scope,
+each op registers the shape domain its task judges (:func:`register_op_shapes`, from the op module, a
+mirror of the task's ``[domain.axes]`` a test keeps equal), and a call outside it never reaches a
+kernel: no kernel was judged there. Either refusal routes the call to the standard path, and the
+logged reason names the axis, its value and the declared set (:func:`route`, the one rule the
+dispatcher and the activation guard share).
+
 Source: DESIGN.md "K3 ops and the decode backend"; STYLE.md (vLLM's lesson: log which implementation runs);
 issue 12 item 4 ("scope is data, not code").
 """
@@ -46,7 +57,9 @@ _ITEM_FIELDS: dict[str, type] = {"devices": str, "phases": str, "tp_sizes": int,
 """OpScope's sequence fields and the exact type of their items."""
 _INT_FIELDS = ("batch_min", "batch_max")
 _EXAMPLES = {"devices": '("cpu",)', "phases": '("decode",)', "tp_sizes": "(1,)", "dtypes": '("float32",)',
-             "batch_min": "1", "batch_max": "64"}
+             "batch_min": "1", "batch_max": "64", "shapes": '{"D": {"multiple_of": 8}}'}
+SHAPE_RULES = ("choices", "min", "max", "multiple_of")
+"""The keys of one axis's shape rule, in the order they are checked and written."""
 
 
 def _type_name(x: object) -> str:
@@ -78,6 +91,81 @@ def _plain_items(field: str, value: object, item_type: type) -> tuple:
     return items
 
 
+def _shape_int(where: str, x: object) -> int:
+    if type(x) is not int or x < 1:
+        raise ScopeError(f"{where} must be a plain int >= 1 (a size); got "
+                         f"{x if type(x) is int else _type_name(x)}. Write e.g. shapes={_EXAMPLES['shapes']}.")
+    return x
+
+
+def _rule_misses(axis: str, value: int, rule: dict) -> str | None:
+    """Why ``value`` of ``axis`` breaks ``rule`` (a normalised shape rule), or ``None`` when it meets it."""
+    if "choices" in rule and value not in rule["choices"]:
+        return f"{axis} {value} not in {list(rule['choices'])}"
+    if "min" in rule and value < rule["min"]:
+        return f"{axis} {value} below {rule['min']}"
+    if "max" in rule and value > rule["max"]:
+        return f"{axis} {value} above {rule['max']}"
+    if "multiple_of" in rule and value % rule["multiple_of"]:
+        return f"{axis} {value} not a multiple of {rule['multiple_of']}"
+    return None
+
+
+def shape_rule_admits(rule: dict, value: int) -> bool:
+    """Whether ``value`` meets every entry of one normalised shape rule (``OpScope.shapes[axis]``)."""
+    return _rule_misses("", value, rule) is None
+
+
+def _plain_shapes(value: object) -> dict[str, dict[str, Any]]:
+    """A fresh, normalised copy of an ``OpScope.shapes`` value (see :class:`OpScope`).
+
+    Raises:
+        ScopeError: not an exact dict of exact ``str`` axis names to exact dicts of known rule keys with
+            plain ``int`` values (``choices``: a non-empty tuple/list of ints), a ``min`` above ``max``, or
+            rules no size meets.
+    """
+    if type(value) is not dict:
+        sub = " (a subclass of dict: its methods are code)" if isinstance(value, dict) else ""
+        raise ScopeError(f"OpScope field 'shapes' must be a plain dict of axis name -> rule dict; got "
+                         f"{_type_name(value)}{sub}. Write e.g. shapes={_EXAMPLES['shapes']}.")
+    out: dict[str, dict[str, Any]] = {}
+    for axis, rule in dict(value).items():
+        if type(axis) is not str or not axis.isidentifier():
+            raise ScopeError(f"OpScope shapes: axis name {axis!r} must be a plain str naming one of the op's shape "
+                             f"axes (the task's [axes] names, e.g. 'D'); got {_type_name(axis)}.")
+        where = f"OpScope shapes[{axis!r}]"
+        if type(rule) is not dict or not rule:
+            raise ScopeError(f"{where} must be a non-empty plain dict with keys among {', '.join(SHAPE_RULES)}; got "
+                             f"{'an empty dict' if type(rule) is dict else _type_name(rule)}. "
+                             f"Write e.g. shapes={_EXAMPLES['shapes']}.")
+        unknown = [k for k in rule if type(k) is not str or k not in SHAPE_RULES]
+        if unknown:
+            raise ScopeError(f"{where} has unknown key(s) {sorted(map(str, unknown))}; expected keys among "
+                             f"{', '.join(SHAPE_RULES)}.")
+        norm: dict[str, Any] = {}
+        for key in SHAPE_RULES:
+            if key not in rule:
+                continue
+            if key == "choices":
+                items = rule[key]
+                if type(items) not in (tuple, list) or not items:
+                    raise ScopeError(f"{where}['choices'] must be a non-empty plain tuple of int; got "
+                                     f"{_type_name(items)}{' (empty)' if type(items) in (tuple, list) else ''}.")
+                norm[key] = tuple(dict.fromkeys(_shape_int(f"{where}['choices'] item {i}", x)
+                                                for i, x in enumerate(tuple(items))))
+            else:
+                norm[key] = _shape_int(f"{where}[{key!r}]", rule[key])
+        if norm.get("min", 1) > norm.get("max", norm.get("min", 1)):
+            raise ScopeError(f"{where}: min {norm['min']} is above max {norm['max']}; the kernel could never run.")
+        if "choices" in norm and not any(shape_rule_admits(norm, c) for c in norm["choices"]):
+            raise ScopeError(f"{where}: no listed choice meets the other rules {norm}; the kernel could never run.")
+        m, lo = norm.get("multiple_of", 1), norm.get("min", 1)
+        if "max" in norm and (-(-lo // m)) * m > norm["max"]:
+            raise ScopeError(f"{where}: no multiple of {m} lies in [{lo}, {norm['max']}]; the kernel could never run.")
+        out[axis] = norm
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class OpScope:
     """The scope a latency-specialized kernel declares (what it was tested on).
@@ -91,9 +179,16 @@ class OpScope:
         tp_sizes: tensor-parallel world sizes.
         dtypes: dtype names of the op's main input (``"float32"``, ``"bfloat16"``).
         batch_min, batch_max: inclusive decode batch range (requests).
+        shapes: optional per-axis shape rules, ``{axis: {"choices": (...), "min": n, "max": n,
+            "multiple_of": n}}`` (any non-empty subset of the keys, plain ints >= 1); a call's axis value is
+            inside when it meets every rule of its axis. Axis names are the op's shape axes (the task's
+            axis names; the batch axis and the TP world size have their own fields): they are checked
+            against the op's registered axes when the dispatcher reads the scope. ``{}`` (the default):
+            every shape of the judged domain.
 
     Raises:
-        ScopeError: a field is not plain data of its type, is empty, or the batch range is empty or below 1.
+        ScopeError: a field is not plain data of its type, is empty, the batch range is empty or below 1,
+            or a shape rule is malformed (unknown key, not an int, ``min`` above ``max``, admits no size).
     """
 
     devices: tuple[str, ...]
@@ -102,6 +197,7 @@ class OpScope:
     dtypes: tuple[str, ...] = ("float32",)
     batch_min: int = 1
     batch_max: int = 64
+    shapes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for field, item_type in _ITEM_FIELDS.items():
@@ -114,6 +210,7 @@ class OpScope:
         if not 1 <= self.batch_min <= self.batch_max:
             raise ScopeError(f"OpScope batch range [{self.batch_min}, {self.batch_max}] is empty or below 1; "
                              "declare 1 <= batch_min <= batch_max.")
+        object.__setattr__(self, "shapes", _plain_shapes(self.shapes))
 
     def covers(self, batch: BatchInfo) -> tuple[bool, str]:
         """Whether ``batch`` is inside this scope, and the reason in words."""
@@ -130,20 +227,32 @@ class OpScope:
         for ok, why in checks:
             if not ok:
                 return False, why
+        for axis, rule in self.shapes.items():
+            if axis not in batch.shapes:
+                return False, (f"shape axis {axis} is declared in SCOPE.shapes but the call reports only "
+                               f"{sorted(batch.shapes)}")
+            miss = _rule_misses(axis, batch.shapes[axis], rule)
+            if miss is not None:
+                return False, f"shape {miss} (SCOPE.shapes[{axis!r}] = {rule})"
+        shapes = "".join(f", {a} {v}" for a, v in batch.shapes.items())
         return True, (
             f"in scope (phase {batch.phase}, batch {batch.batch_size}, {batch.device}, "
-            f"{batch.dtype}, TP {batch.tp_size})"
+            f"{batch.dtype}, TP {batch.tp_size}{shapes})"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (tuples stay tuples; the fields are plain data by construction)."""
-        return dataclasses.asdict(self)
+        """JSON-ready form (tuples stay tuples; the fields are plain data by construction). ``shapes`` is
+        left out when empty (a scope without shape rules reads as it did before they existed)."""
+        out = dataclasses.asdict(self)
+        if not out["shapes"]:
+            del out["shapes"]
+        return out
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OpScope))
 
 
-def parse_scope(raw: object, *, where: str = "SCOPE") -> OpScope:
+def parse_scope(raw: object, *, where: str = "SCOPE", op: str | None = None) -> OpScope:
     """A fresh, validated :class:`OpScope` from a kernel's ``SCOPE`` value.
 
     Args:
@@ -151,12 +260,15 @@ def parse_scope(raw: object, *, where: str = "SCOPE") -> OpScope:
             ``dict`` with ``str`` keys among the OpScope field names (``devices`` required).
         where: names the kernel in error messages, e.g. ``k3_model.kernels.moe_dispatch
             (k3_model/kernels/moe_dispatch/)``.
+        op: the op the scope belongs to; when given, every axis in ``shapes`` must be one of the op's
+            registered shape axes (:func:`register_op_shapes`).
 
     Returns:
         A new OpScope (never ``raw`` itself), so later changes to ``raw`` change nothing.
 
     Raises:
-        ScopeError: ``raw`` is neither, has unknown or missing keys, or a field is not plain data.
+        ScopeError: ``raw`` is neither, has unknown or missing keys, a field is not plain data, or
+            ``shapes`` names an axis the op does not have (or the op registered no shape axes).
     """
     fix = 'Write SCOPE = OpScope(devices=("cpu",), ...) or a plain dict literal of tuples of str/int.'
     if type(raw) is OpScope:
@@ -177,9 +289,50 @@ def parse_scope(raw: object, *, where: str = "SCOPE") -> OpScope:
         raise ScopeError(f"{where}: SCOPE must be a k3_model.dispatch.OpScope or a plain dict declaring where "
                          f"the kernel runs; {what}{sub}. {fix}")
     try:
-        return OpScope(**fields)
+        scope = OpScope(**fields)
     except ScopeError as exc:
         raise ScopeError(f"{where}: {exc}") from None
+    if op is not None and scope.shapes:
+        axes = op_shape_domain(op)
+        if axes is None:
+            raise ScopeError(f"{where}: SCOPE declares shapes {sorted(scope.shapes)} but op {op!r} registered no shape "
+                             "axes (k3_model/ops/<op>.py register_op_shapes); remove 'shapes' from SCOPE.")
+        unknown = sorted(set(scope.shapes) - set(axes))
+        if unknown:
+            raise ScopeError(f"{where}: SCOPE.shapes names axis(es) {unknown} that op {op!r} does not have; its shape "
+                             f"axes are {list(axes)} (the task's axis names; the batch axis and the TP size are "
+                             "batch_min/batch_max and tp_sizes). Rename or remove them.")
+    return scope
+
+
+_OP_SHAPES: dict[str, dict[str, dict[str, Any]]] = {}
+"""op -> {shape axis: normalised rule of the judged domain}, filled by the op modules at import."""
+
+
+def register_op_shapes(op: str, domain: dict[str, dict[str, Any]]) -> None:
+    """Declare the shape axes of ``op`` and the domain of each that its task judges (called once by
+    ``k3_model/ops/<op>.py`` at import).
+
+    Args:
+        op: the op name.
+        domain: axis name -> rule in the ``OpScope.shapes`` language (``choices``/``min``/``max``/
+            ``multiple_of``); a mirror of the task's ``[domain.axes]`` (tests/k3_model/test_dispatch_shapes.py
+            keeps them equal). A call whose axes fall outside it never runs a kernel.
+
+    Raises:
+        ScopeError: a malformed rule (as :class:`OpScope` ``shapes``), or ``op`` registered twice with
+            another domain.
+    """
+    norm = _plain_shapes(domain)
+    if op in _OP_SHAPES and _OP_SHAPES[op] != norm:
+        raise ScopeError(f"register_op_shapes: op {op!r} is already registered with {_OP_SHAPES[op]}; got {norm}.")
+    _OP_SHAPES[op] = norm
+
+
+def op_shape_domain(op: str) -> dict[str, dict[str, Any]] | None:
+    """The judged shape domain ``op`` registered (axis -> rule, a copy), or ``None`` if it registered none."""
+    dom = _OP_SHAPES.get(op)
+    return None if dom is None else {a: dict(r) for a, r in dom.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +346,8 @@ class BatchInfo:
         device: device type of the inputs.
         dtype: dtype name of the op's main input.
         tp_size: tensor-parallel world size.
+        shapes: the op's shape axes of this call (axis name -> size, e.g. ``{"D": 7168}``); ``{}`` when
+            the op reports none.
     """
 
     phase: str
@@ -200,6 +355,7 @@ class BatchInfo:
     device: str
     dtype: str
     tp_size: int
+    shapes: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +447,28 @@ def _where(op: str) -> str:
     return f"k3_model.kernels.{op} (k3_model/kernels/{op}/)"
 
 
+def route(op: str, scope: OpScope, batch: BatchInfo) -> tuple[bool, str]:
+    """Whether a call ``batch`` of ``op`` runs the kernel whose parsed scope is ``scope``, and why: the
+    one rule the dispatcher (:func:`select`) and the activation guard use.
+
+    First the op's judged shape domain (:func:`register_op_shapes`: no kernel was judged outside it),
+    then the kernel's own scope (``OpScope.covers``: phase, batch, device, dtype, TP size, ``shapes``).
+
+    Returns:
+        ``(True, "in scope (...)")`` or ``(False, reason)``; a reason names the field or axis, the
+        value and the declared set.
+    """
+    for axis, rule in (_OP_SHAPES.get(op) or {}).items():
+        if axis not in batch.shapes:
+            return False, f"shape axis {axis} of {op} was not reported by the call (reported: {sorted(batch.shapes)})"
+        miss = _rule_misses(axis, batch.shapes[axis], rule)
+        if miss is not None:
+            return False, (f"outside the judged shape domain: {miss} (k3_model.ops.{op} SHAPE_DOMAIN, the task's "
+                           f"[domain.axes.{axis}]); no kernel was judged there")
+    ok, why = scope.covers(batch)
+    return ok, why if ok else f"out of declared scope: {why}"
+
+
 def _scope_of(op: str, mod: Any) -> OpScope:
     """The parsed scope of kernel module ``mod``: ``mod.SCOPE`` is read and parsed once, then reused.
 
@@ -300,7 +478,7 @@ def _scope_of(op: str, mod: Any) -> OpScope:
     hit = _SCOPES.get(id(mod))
     if hit is not None and hit[0] is mod:
         return hit[1]
-    scope = parse_scope(getattr(mod, "SCOPE", None), where=_where(op))
+    scope = parse_scope(getattr(mod, "SCOPE", None), where=_where(op), op=op)
     _SCOPES[id(mod)] = (mod, scope)
     return scope
 
@@ -347,7 +525,8 @@ def declared_scope(op: str) -> OpScope | None:
     return None if mod is None else _scope_of(op, mod)
 
 
-def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, device: str, dtype: str) -> Callable[..., Any]:
+def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, device: str, dtype: str,
+           shapes: dict[str, int] | None = None) -> Callable[..., Any]:
     """Pick the implementation of ``op`` for one call, record and log the decision.
 
     Args:
@@ -357,13 +536,21 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
         batch_size: decode batch (requests) of this call.
         device: device type of the inputs.
         dtype: dtype name of the op's main input.
+        shapes: the call's shape axes (axis -> size); required, with exactly the registered axes, for an
+            op that registered a shape domain (:func:`register_op_shapes`).
 
     Returns:
         The callable to run.
 
     Raises:
-        DispatchError: a merged kernel module is malformed.
+        DispatchError: a merged kernel module is malformed, or the op's call reports other shape axes
+            than it registered (a bug in ``k3_model/ops/<op>.py``).
     """
+    shapes = dict(shapes or {})
+    registered = _OP_SHAPES.get(op)
+    if registered is not None and set(shapes) != set(registered):
+        raise DispatchError(f"dispatch.select({op!r}): the call reports shape axes {sorted(shapes)} but the op "
+                            f"registered {sorted(registered)}; k3_model/ops/{op}.py must pass every registered axis.")
     ctx = _CTX.get()
     if ctx is None:
         impl, reason, fn = STANDARD, "no forward context: batch phase unknown", standard
@@ -377,7 +564,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
             if mod is None:
                 impl, reason, fn = STANDARD, f"no latency-specialized kernel merged for {op}", standard
             else:
-                ok, why = _scope_of(op, mod).covers(BatchInfo(phase, batch_size, device, dtype, tp))
+                ok, why = route(op, _scope_of(op, mod), BatchInfo(phase, batch_size, device, dtype, tp, shapes))
                 fn = getattr(mod, entry, None)
                 if not callable(fn):
                     raise DispatchError(
@@ -387,7 +574,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                 if ok:
                     impl, reason = LATENCY_SPECIALIZED, why
                 else:
-                    impl, reason, fn = STANDARD, f"out of declared scope: {why}", standard
+                    impl, reason, fn = STANDARD, why, standard
     decision = Decision(op, impl, reason, batch_size, phase, device)
     logger.debug("dispatch %s -> %s (%s)", op, impl, reason)
     for trace in _TRACES.get():

@@ -43,11 +43,21 @@ from k3_model import dispatch
 OP = "dspark_verify"
 PLACEHOLDER_TOKEN_ID = -1
 """Fills the output columns after the last emitted token (vLLM's ``PLACEHOLDER_TOKEN_ID``)."""
+SHAPE_DOMAIN = {"D": {"min": 1, "max": 8}, "V": {"min": 2, "max": 163840}, "Q": {"choices": (1, 2)}}
+"""The shapes ``tasks/k3_dspark_verify`` judges (its ``[domain.axes]``, kept equal by
+tests/k3_model/test_dispatch_shapes.py): a call outside them never runs a latency-specialized kernel
+(:func:`k3_model.dispatch.route`). Axes: D max drafts, V vocabulary, Q 2 with draft probabilities, 1 without."""
+dispatch.register_op_shapes(OP, SHAPE_DOMAIN)
 
 
 def has_draft_probs(draft_probs: torch.Tensor | None) -> bool:
     """Whether draft probabilities were passed (``None`` or an empty tensor means one-hot drafts)."""
     return draft_probs is not None and draft_probs.numel() > 0
+
+
+def shape_axes(target_logits: torch.Tensor, draft_probs: torch.Tensor | None) -> dict[str, int]:
+    """The call's shape axes, named as the task's: ``D`` (positions - 1), ``V``, ``Q`` (2: draft probs given)."""
+    return {"D": target_logits.shape[1] - 1, "V": target_logits.shape[2], "Q": 2 if has_draft_probs(draft_probs) else 1}
 
 
 def _check_args(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p,
@@ -265,6 +275,7 @@ def dspark_verify(
         batch_size=target_logits.shape[0],
         device=target_logits.device.type,
         dtype=str(target_logits.dtype).removeprefix("torch."),
+        shapes=shape_axes(target_logits, draft_probs),
     )
     fn(
         target_logits,

@@ -16,6 +16,22 @@ import torch
 from k3_model import dispatch
 
 OP = "moe_dispatch"
+SHAPE_DOMAIN = {
+    "E": {"choices": (1, 8, 16, 32, 60, 64, 128, 160, 256, 384, 896)},
+    "K": {"min": 1, "max": 32},
+    "G": {"choices": (1, 2, 4, 8)},
+    "TG": {"min": 1, "max": 8},
+    "B": {"choices": (16, 32, 64, 128)},
+}
+"""The shapes ``tasks/k3_moe_dispatch`` judges (its ``[domain.axes]``, kept equal by
+tests/k3_model/test_dispatch_shapes.py): a call outside them never runs a latency-specialized kernel
+(:func:`k3_model.dispatch.route`). Axes: E experts, K top-k, G groups, TG kept groups, B block size."""
+dispatch.register_op_shapes(OP, SHAPE_DOMAIN)
+
+
+def shape_axes(router_logits: torch.Tensor, top_k: int, n_group: int, topk_group: int, block_size: int) -> dict[str, int]:
+    """The call's shape axes, named as the task's: ``{"E", "K", "G", "TG", "B"}`` -> sizes."""
+    return {"E": router_logits.shape[1], "K": top_k, "G": n_group, "TG": topk_group, "B": block_size}
 
 
 def align_capacity(num_tokens: int, top_k: int, num_experts: int, block_size: int) -> tuple[int, int]:
@@ -190,6 +206,7 @@ def moe_route_dispatch(
         batch_size=router_logits.shape[0],
         device=router_logits.device.type,
         dtype=str(router_logits.dtype).removeprefix("torch."),
+        shapes=shape_axes(router_logits, top_k, n_group, topk_group, block_size),
     )
     fn(
         router_logits,
