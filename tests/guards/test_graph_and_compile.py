@@ -221,3 +221,17 @@ def test_new_fixtures_pass_the_audit(name):
         rel = str(path.relative_to(root))
         assert audit_file(rel, path.read_bytes(), tensor_names=set(TASK.inputs) | set(TASK.outputs),
                           target=TASK.target) == [], rel
+
+
+def test_result_file_keeps_the_graph_timings(case):
+    """The correctness guard's case entry with its graph timings is a valid ``CaseResult`` (the H200 run of
+    this change first failed here: ``bench/results/h200/cutedsl/graph_compile/run_log.txt``)."""
+    from workbench.results import CaseResult
+
+    entry = {"name": case.name, "axes": dict(case.workload.axes), "params": dict(case.kwargs),
+             "case": case.workload.case, "implementation": "latency_specialized", "passed": True,
+             "mismatches": (), "calls": 3, "world_size": 1,
+             "graph_replay": {"capture_ms": 1.24, "replay_ms": 0.03}}
+    r = CaseResult(**entry)
+    assert r.graph_replay == {"capture_ms": 1.24, "replay_ms": 0.03}
+    assert CaseResult(**{k: v for k, v in entry.items() if k != "graph_replay"}).graph_replay is None
