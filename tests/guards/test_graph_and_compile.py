@@ -22,12 +22,11 @@ import pytest
 import torch
 
 from guards.audit import audit_file
-from guards.cases import correctness_cases
+from guards.cases import correctness_cases, load_task_module
 from guards.correctness import GRAPH_HINT, CorrectnessGuard, graph_check_wanted, graph_mismatches
 from guards.judge import SideRecord
 from guards.perf import timed_compile_problem
 from guards.perf_status import PerfStatus
-from guards.cases import load_task_module
 from tests.conftest import REPO_ROOT
 from workbench.fixtures import list_fixtures
 from workbench.taskspec import load_task
