@@ -81,6 +81,81 @@ def _decisions(trace):
     return [d.to_dict() for d in trace.decisions]
 
 
+_COMPILES = [0]
+"""CuTe DSL compiles (``cutlass.cute.compile`` calls) in this process so far (count; see ``_watch_cute_compile``)."""
+
+
+class _CountedCompile:
+    """Stands in for ``cutlass.cute.compile``: counts each compile, then runs the real one.
+
+    ``cute.compile[options](...)`` works too (the subscript's result is counted the same way); every
+    other attribute is the real object's.
+    """
+
+    def __init__(self, inner):
+        self._wb_inner = inner
+
+    def __call__(self, *args, **kwargs):
+        _COMPILES[0] += 1
+        return self._wb_inner(*args, **kwargs)
+
+    def __getitem__(self, item):
+        return _CountedCompile(self._wb_inner[item])
+
+    def __getattr__(self, name):
+        return getattr(self._wb_inner, name)
+
+
+def _wrap_cute(module):
+    if not isinstance(getattr(module, "compile", None), _CountedCompile) and hasattr(module, "compile"):
+        module.compile = _CountedCompile(module.compile)
+
+
+class _CuteCompileWatch:
+    """A ``sys.meta_path`` finder that wraps ``cutlass.cute.compile`` the moment ``cutlass.cute`` is
+    imported (candidate code imports CuTe DSL lazily, after the harness armed its hooks), so a compile
+    during any call is counted; importing nothing itself."""
+
+    NAME = "cutlass.cute"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.NAME:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        real = getattr(loader, "exec_module", None)
+        if real is None:
+            return spec
+
+        def exec_module(module):
+            real(module)
+            _wrap_cute(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _watch_cute_compile():
+    """Count CuTe DSL compiles from now on: wrap ``cutlass.cute.compile`` now if it is imported, else on import.
+
+    The count is per call in the perf guard's call server (the acknowledgement of "go" carries it), so
+    a compile inside a timed call is caught (``guards.perf``). A compile that bypasses ``cute.compile``
+    (calling a ``@cute.jit`` function directly, which compiles on its first call) is not counted.
+    """
+    mod = sys.modules.get(_CuteCompileWatch.NAME)
+    if mod is not None:
+        _wrap_cute(mod)
+    else:
+        sys.meta_path.insert(0, _CuteCompileWatch())
+
+
 _TP = {"size": 1}
 """TP world size of this child's group (set by ``main`` from the request's ``dist`` entry)."""
 
@@ -163,7 +238,81 @@ def _correctness_case(fn, fc, rt, req, case):
     results.append(one(buf, "b_reused_buffers"))
     fresh = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
     results.append(one(fresh, "a_repeat"))
-    return {"name": case["name"], "calls": results}
+    out = {"name": case["name"], "calls": results}
+    if case.get("graph") and device == "cuda" and _ran_kernel(results[0]["trace"], req["op"]):
+        out["graph"] = _graph_case(fn, fc, rt, req, case)
+    return out
+
+
+def _ran_kernel(trace, op):
+    """Whether a call's dispatch trace shows the candidate's own kernel (not the standard path) for ``op``."""
+    return any(d.get("op") == op and d.get("implementation") == "latency_specialized" for d in trace)
+
+
+def _graph_case(fn, fc, rt, req, case):
+    """One CUDA-graph capture and replay of the candidate's call, as vLLM serves decode steps.
+
+    Static buffers hold ``inputs_a``; one warm-up call runs on the capture stream outside capture
+    (vLLM warms up before it captures), then the call is captured into a ``torch.cuda.CUDAGraph``.
+    ``inputs_b`` is copied into the static inputs, the outputs are poisoned (so a graph that captured
+    nothing leaves poison), the graph is replayed once and the outputs are read. The parent compares
+    them with the reference on ``inputs_b`` (``guards.correctness.graph_mismatches``).
+
+    Returns:
+        ``{"label": "graph_replay", "error": str | None, "stage": warm-up|capture|replay|None,
+        "trace": [...], "outputs": {...}, "inputs_after": {...}, "capture_ms", "replay_ms"}``: the
+        outputs are CPU copies (poison where the replay wrote nothing).
+    """
+    import torch
+
+    device, backend = req["device"], req["decode_backend"]
+    rec = {"label": "graph_replay", "error": None, "stage": None, "trace": []}
+    static_in = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
+    outs = _buffers(case["outputs"], device)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    stage = "warm-up"
+    t0 = _clock_ns()
+    try:
+        with torch.cuda.stream(stream):
+            _call(fn, fc, rt, backend, case["phase"], static_in, outs, case["kwargs"])
+            stream.synchronize()
+            stage = "capture"
+            graph.capture_begin()
+            try:
+                trace = _call(fn, fc, rt, backend, case["phase"], static_in, outs, case["kwargs"])
+            finally:
+                graph.capture_end()
+            rec["trace"] = _decisions(trace)
+        torch.cuda.current_stream().wait_stream(stream)
+        _SYNC()  # work that escaped the capture ran eagerly just now: let it finish before the poison
+        rec["capture_ms"] = (_clock_ns() - t0) / 1e6
+        stage = "replay"
+        for k, v in case["inputs_b"].items():
+            static_in[k].copy_(v.to(device))
+        for k, s in case["outputs"].items():  # an in-place output is its input: it holds inputs_b now
+            if not s.get("inplace"):
+                outs[k].fill_(_P.poison_value(s, _RNG))
+        t1 = _clock_ns()
+        graph.replay()
+        _SYNC()
+        rec["replay_ms"] = (_clock_ns() - t1) / 1e6
+    except Exception as exc:  # capture-unsafe code (a host sync, an allocation torch refuses, ...): data
+        rec["stage"] = stage
+        rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
+        try:
+            _SYNC()
+        except Exception:  # a broken capture can leave the device in an error state; the parent reads the text
+            pass
+    rec["outputs"] = _read_outputs(case["outputs"], outs, static_in)
+    rec["inputs_after"] = {k: _copy_out(v) for k, v in static_in.items()}
+    if rec["error"] is None:
+        problem = _after_call_problem()
+        if problem:
+            rec["error"] = problem
+    graph.reset()
+    return rec
 
 
 def _perf_case(fn, fc, rt, req, case):
@@ -427,8 +576,8 @@ def _serve(fn, fc, rt, req, nonce):
     if device == "cuda":
         from kernels.timing import flush_l2 as flush
 
-    def ack(status):
-        os.write(ack_fd, nonce + _P.ACK.pack(status, 0))
+    def ack(status, compiles=0):
+        os.write(ack_fd, nonce + _P.ACK.pack(status, min(max(compiles, 0), 2**32 - 1)))
 
     while True:
         raw = _read_exact(cmd_fd, _P.CMD.size)
@@ -474,6 +623,7 @@ def _serve(fn, fc, rt, req, nonce):
             spec = cur["spec"]
             ins, outs = cur["dev"][slot]
             status = b"k"
+            compiles0 = _COMPILES[0]
             try:
                 if device == "cuda":
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -492,7 +642,7 @@ def _serve(fn, fc, rt, req, nonce):
             except Exception as exc:  # the candidate failed: data for the judge
                 errors.append(f"{cur['name']}: {type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=6)[-1500:])
                 status = b"e"
-            ack(status)
+            ack(status, _COMPILES[0] - compiles0)
         elif op == _P.OP_READ:
             if device == "cuda":
                 (h_in, h_out), (d_in, d_out) = cur["host"][slot], cur["dev"][slot]
@@ -559,6 +709,8 @@ def main() -> int:
         if req.get("baseline_kernel_dir"):
             req["_baseline_module"] = _load_baseline_kernel(req["baseline_kernel_dir"], req["op"])
         hooks = None
+        if req["device"] == "cuda":
+            _watch_cute_compile()
         if req["mode"] != "model_eval_vllm":  # vLLM starts its own engine processes: not armed (README)
             hooks = _H.arm(worktree=worktree, scratch=os.environ.get("HOME", os.getcwd()),
                            harness=os.path.dirname(os.path.abspath(__file__)))

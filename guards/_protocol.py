@@ -25,7 +25,8 @@ NONCE_BYTES = 32
 CMD = struct.Struct("<cIII")
 """Command: opcode (1 byte), workload index, slot, spare (little endian)."""
 ACK = struct.Struct("<cI")
-"""Acknowledgement after the nonce: status (b"k" ok, b"e" the call raised, b"x" a check failed), spare."""
+"""Acknowledgement after the nonce: status (b"k" ok, b"e" the call raised, b"x" a check failed), then a count:
+for "go", the CuTe DSL compiles (``cutlass.cute.compile`` calls) during the call (CUDA), else 0."""
 
 OP_SELECT, OP_LOAD, OP_GO, OP_READ, OP_QUIT = b"S", b"L", b"G", b"R", b"Q"
 """S: build the workload's views and the candidate's own (ordinary) tensors; L: copy a slot's inputs into

@@ -46,6 +46,69 @@ def generic_check(task, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return out
 
 
+GRAPH_HINT = ("the launch escaped graph capture (it ran on a stream other than torch's current one, e.g. the "
+              "default stream) or the code is capture-unsafe; vLLM serves decode steps as CUDA-graph replays")
+"""Why a CUDA-graph replay can differ from eager calls that match (the wording of every graph mismatch).
+
+Source: shared/reference/h200_peers.md "CuTe DSL on this H200" (a launch on the default stream inside
+``torch.cuda.graph`` is left out of the graph; the replay leaves the output stale)."""
+
+
+def graph_check_wanted(task, device: str) -> bool:
+    """Whether the correctness child captures and replays each case in a CUDA graph: on CUDA, for a
+    single-process task (a distributed task's collectives are not captured here)."""
+    return device == "cuda" and task.distributed is None
+
+
+def _compare(task, ref, inputs: dict[str, Any], kwargs: dict[str, Any], got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """Mismatch lines of one call's outputs: the task's ``check`` when it has one, else :func:`generic_check`."""
+    if hasattr(ref, "check"):
+        return ref.check({k: v.clone() for k, v in inputs.items()}, dict(kwargs), got, want, task.correctness.tolerance)
+    return generic_check(task, got, want)
+
+
+def graph_mismatches(task, ref, case, result: dict[str, Any], want_b: dict[str, Any], device: str) -> list[str]:
+    """Mismatch lines of a case's CUDA-graph replay (empty when it matches or is not wanted).
+
+    The child (``guards/_child_main.py`` ``_graph_case``) captured the call on ``inputs_a``, copied
+    ``inputs_b`` into the static inputs, poisoned the outputs and replayed once; the replay's outputs must
+    match the reference on ``inputs_b`` and the static inputs must be ``inputs_b`` still. A case whose eager
+    calls ran the candidate's kernel must come with a replay result.
+
+    Args:
+        result: the child's result of the case (``calls``, and ``graph`` when it replayed).
+        want_b: the reference outputs on ``case.inputs_b``.
+        device: the run's device (nothing is wanted off CUDA).
+
+    Returns:
+        Lines that start with ``[graph_replay]`` and name :data:`GRAPH_HINT`.
+    """
+    if not graph_check_wanted(task, device):
+        return []
+    calls = result.get("calls") or [{}]
+    ran = any(d.get("op") == task.op and d.get("implementation") == "latency_specialized"
+              for d in calls[0].get("trace", []) if isinstance(d, dict))
+    g = result.get("graph")
+    if not isinstance(g, dict):
+        return (["[graph_replay] the child returned no CUDA-graph replay result, though the eager calls ran the "
+                 "candidate's kernel"] if ran else [])
+    if g.get("error"):
+        return [f"[graph_replay] the CUDA graph's {g.get('stage') or 'run'} raised "
+                f"{str(g['error']).splitlines()[0]} (capture-unsafe code; {GRAPH_HINT})"]
+    inplace = {k for k, o in task.outputs.items() if o.inplace}
+    out = []
+    seen = {k: v for k, v in case.inputs_b.items() if k not in inplace}
+    changed = _inputs_changed(seen, g.get("inputs_after", {}))
+    if changed:
+        out.append(f"[graph_replay] the CUDA-graph replay mutated input(s) {', '.join(changed)}")
+    lines = _compare(task, ref, case.inputs_b, case.kwargs, g.get("outputs", {}), want_b)
+    if lines:
+        out.append(f"[graph_replay] the CUDA-graph replay differs from the reference on fresh inputs (the eager "
+                   f"calls are judged separately): {lines[0]}; {GRAPH_HINT}")
+        out += [f"[graph_replay] {m}" for m in lines[1:]]
+    return out
+
+
 def _clip(text: str, n: int) -> str:
     """One sentence: at most ``n`` characters, exactly one final period."""
     text = " ".join(text.split()).rstrip(".")
@@ -149,7 +212,8 @@ class CorrectnessGuard:
         duration = 0.0
         if task.distributed is None:
             progress.phase(f"{len(cases)} configurations in one child (import, run, check)")
-            outcome = run_child(ctx.worktree, {**base, "cases": [c.request_entry() for c in cases]},
+            graph = graph_check_wanted(task, ctx.device)
+            outcome = run_child(ctx.worktree, {**base, "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
                                 timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
                                 device=ctx.device)
             if _failed(outcome):
@@ -185,12 +249,15 @@ class CorrectnessGuard:
             last = outcomes[0]
             if (last.response or {}).get("scope_beyond_limits"):
                 break  # the declared scope is rejected before any configuration ran (check())
-            if ref is not None and any(self._judge_case(task, ref, c, results[c.name])[0] for c in group):
+            if ref is not None and any(self._judge_case(task, ref, c, results[c.name], ctx.device)[0] for c in group):
                 break
         return results, None, duration, last
 
-    def _judge_case(self, task, ref, case: Case, ranks: list[dict]) -> tuple[list[str], list[str], list]:
-        """Check one case's per-rank results: (mismatch lines, implementations seen, per-call traces)."""
+    def _judge_case(self, task, ref, case: Case, ranks: list[dict],
+                    device: str = "cpu") -> tuple[list[str], list[str], list]:
+        """Check one case's per-rank results: (mismatch lines, implementations seen, per-call traces).
+
+        On CUDA a single-process case's CUDA-graph replay is checked too (:func:`graph_mismatches`)."""
         inplace = {k for k, o in task.outputs.items() if o.inplace}
         identical = task.distributed.identical_across_ranks if task.distributed else ()
         mism: list[str] = []
@@ -215,13 +282,10 @@ class CorrectnessGuard:
                     changed = _inputs_changed(seen, call.get("inputs_after", {}))
                     if changed:
                         mism.append(f"{label} mutated input(s) {', '.join(changed)}")
-                    got = call.get("outputs", {})
-                    if hasattr(ref, "check"):
-                        lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                                          task.correctness.tolerance)
-                    else:
-                        lines = generic_check(task, got, want)
+                    lines = _compare(task, ref, inputs, case.kwargs, call.get("outputs", {}), want)
                     mism += [f"{label} {m}" for m in lines]
+            if case.world_size == 1:
+                mism += graph_mismatches(task, ref, case, ranks[0], want_b, device)
             for i in range(3):
                 for out in identical:
                     ref_bits = ranks[0]["calls"][i].get("outputs", {}).get(out)
@@ -252,7 +316,7 @@ class CorrectnessGuard:
             by_name, failed, _, _ = self._run(ctx, [c], tp_sizes=tp_sizes)
             if failed is not None:
                 return True
-            return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [])[0])
+            return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [], ctx.device)[0])
 
         return shrink(ctx.task, case.workload, still_fails, max_calls=SHRINK_CHILD_RUNS)
 
@@ -303,14 +367,17 @@ class CorrectnessGuard:
         ctx.artifacts["tested_tp_sizes"] = sorted({c.world_size for c in cases})
         case_results, failures, traces = [], [], {}
         for case in cases:
-            mism, impls, call_traces = self._judge_case(task, ref, case, by_name.get(case.name) or [])
+            ranks = by_name.get(case.name) or []
+            mism, impls, call_traces = self._judge_case(task, ref, case, ranks, ctx.device)
             traces[case.name] = call_traces
+            g = ranks[0].get("graph") if len(ranks) == 1 and isinstance(ranks[0].get("graph"), dict) else None
             impl = ",".join(sorted(set(impls))) or "none"
             passed = not mism
             case_results.append({
                 "name": case.name, "axes": dict(case.workload.axes), "params": dict(case.kwargs),
                 "case": case.workload.case, "implementation": impl, "passed": passed,
                 "mismatches": tuple(mism[:20]), "calls": 3, "world_size": case.world_size,
+                **({"graph_replay": {k: g.get(k) for k in ("capture_ms", "replay_ms")}} if g else {}),
             })
             if not passed:
                 failures.append((case, mism))

@@ -78,11 +78,13 @@ class CommandTiming:
         status: the child's acknowledgement status (``b"k"`` ok, ``b"e"`` raised, ``b"x"`` check failed).
         cpu_ns: the child's CPU time over the command (nanoseconds, every thread).
         wall_ns: the judge's wall clock over the command (nanoseconds).
+        compiles: for "go", the CuTe DSL compiles the child counted during the call (count), else 0.
     """
 
     status: bytes
     cpu_ns: int
     wall_ns: int
+    compiles: int = 0
 
 
 class CallServer:
@@ -126,9 +128,9 @@ class CallServer:
         c1 = s.cpu_ns()
         if got[:P.NONCE_BYTES] != s.nonce:
             raise ChildGone("acknowledgement without the session's nonce (forged bytes on the pipe)")
-        status, _ = P.ACK.unpack(got[P.NONCE_BYTES:])
+        status, count = P.ACK.unpack(got[P.NONCE_BYTES:])
         self.command_cpu_ns += c1 - c0
-        return CommandTiming(status, c1 - c0, w1 - w0)
+        return CommandTiming(status, c1 - c0, w1 - w0, count)
 
 
 @contextlib.contextmanager
@@ -187,12 +189,14 @@ class SideRecord:
         wall_us: the judge's wall clock of each timed call (microseconds).
         outputs: the side's outputs of every call (warm-up included), read at "done".
         statuses: the acknowledgement status of every call (``b"k"``: it ran and passed the checks).
+        compiles: the CuTe DSL compiles the child counted inside every call (warm-up included; count).
     """
 
     cpu_us: list[float] = dataclasses.field(default_factory=list)
     wall_us: list[float] = dataclasses.field(default_factory=list)
     outputs: list[dict] = dataclasses.field(default_factory=list)
     statuses: list[bytes] = dataclasses.field(default_factory=list)
+    compiles: list[int] = dataclasses.field(default_factory=list)
 
     def extend(self, more: SideRecord) -> None:
         """Append a later round of the same workload (its calls follow this record's)."""
@@ -200,6 +204,7 @@ class SideRecord:
         self.wall_us += more.wall_us
         self.outputs += more.outputs
         self.statuses += more.statuses
+        self.compiles += more.compiles
 
 
 def _write_inputs(views: dict, inputs: dict) -> None:
@@ -264,6 +269,7 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
                 got = {k: v.clone() for k, v in outs.items()}
             r = rec[side]
             r.statuses.append(go.status if go.status != b"k" else read.status)
+            r.compiles.append(go.compiles)
             r.outputs.append(got)
             if n >= warmup:
                 r.cpu_us.append(max(go.cpu_ns / 1e3, MIN_SAMPLE_US))

@@ -331,8 +331,9 @@ class PerfGuard:
                     wrong = ("" if not _ok(rec)
                              else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
                                                       ctx.seed, rounds=rounds))
-                    records[c.name] = (rec, outside, wrong)
-                    if not _ok(rec) or wrong:
+                    compiled = timed_compile_problem(rec["candidate"].compiles, task.perf.warmup)
+                    records[c.name] = (rec, outside, wrong, compiled)
+                    if not _ok(rec) or wrong or compiled:
                         break
                     if _fails_on_timings(task, ctx.device, rec, gain, idx):
                         # the first failing workload decides the verdict (as the first FAIL stops the
@@ -354,7 +355,7 @@ class PerfGuard:
         for i, c in enumerate(timed):
             if c.name not in records:
                 break
-            rec, outside, wrong = records[c.name]
+            rec, outside, wrong, compiled = records[c.name]
             b, k = rec["baseline"], rec["candidate"]
             impl = _impl(out["candidate"], c.name)
             base_impl = _impl(out["baseline"], c.name)
@@ -405,6 +406,9 @@ class PerfGuard:
             if wrong:
                 stats["verdict"] = PerfStatus.WRONG_OUTPUT
                 entry["implementation"] += f" ({wrong})"
+            elif compiled:
+                stats["verdict"] = PerfStatus.COMPILED_TIMED
+                entry["implementation"] += f" ({compiled})"
             results.append({**entry, "baseline_us": tuple(base_s), "candidate_us": tuple(cand_s), **stats})
         return None
 
@@ -491,6 +495,29 @@ sequential testing, Wald 1945 (repeated looks), Bonferroni's inequality for the 
 def _ok(rec: dict) -> bool:
     """Whether every call of both sides was acknowledged as run (status ``b"k"``)."""
     return all(st == b"k" for r in rec.values() for st in r.statuses)
+
+
+def timed_compile_problem(compiles: list[int], warmup: int) -> str:
+    """One sentence when the candidate compiled a CuTe DSL kernel inside a timed call, else ``""``.
+
+    A kernel compiles once per compile-time key, in its first call with that key: during the warm-up
+    calls (the first ``warmup`` of a workload), never in a timed one (``kernels.cutedsl.CompileCache``).
+
+    Args:
+        compiles: per call of one workload, in order (warm-up first, extension rounds after), the
+            ``cutlass.cute.compile`` calls the candidate child counted inside it (``SideRecord.compiles``).
+        warmup: untimed calls at the start of ``compiles`` (count).
+
+    Source: issue 13 item 2 ("a candidate whose compile happens inside a timed call is caught").
+    """
+    timed = [(i - warmup, n) for i, n in enumerate(compiles) if i >= warmup and n]
+    if not timed:
+        return ""
+    first, n = timed[0]
+    total = sum(k for _, k in timed)
+    return (f"compiled inside a timed call: {total} CuTe DSL compile(s) in {len(timed)} timed call(s), the first in "
+            f"timed call {first} ({n}); compile once per compile-time key before timing (warm-up), "
+            "as kernels.cutedsl.CompileCache does")
 
 
 def _machine_load() -> float:

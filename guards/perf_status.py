@@ -35,6 +35,8 @@ class PerfStatus(StrEnum):
         BUSY_OUTSIDE ``busy_outside``: CPU time spent between calls (background or deferred work).
         WAITS ``waits``: CPU only; off-CPU waits inside the calls beyond the baseline's.
         RAISED ``raised``: a timed call raised or failed a runtime check.
+        COMPILED_TIMED ``compiled_timed``: CUDA; the candidate compiled a CuTe DSL kernel inside a timed
+            call (compile once per compile-time key during warm-up: ``kernels.cutedsl.CompileCache``).
     """
 
     GAIN = "gain"
@@ -49,6 +51,7 @@ class PerfStatus(StrEnum):
     BUSY_OUTSIDE = "busy_outside"
     WAITS = "waits"
     RAISED = "raised"
+    COMPILED_TIMED = "compiled_timed"
 
     @property
     def failing(self) -> bool:
@@ -92,6 +95,7 @@ class PerfStatus(StrEnum):
             PerfStatus.WAITS: f"waiting off-CPU inside its calls ({r.get('wait_excess_us') or 0:.0f} us more than "
                               "the baseline per call)",
             PerfStatus.RAISED: f"failing while timed [{impl}]",
+            PerfStatus.COMPILED_TIMED: f"compiled inside a timed call [{impl}]",
             PerfStatus.NO_GAIN: f"no real gain (need >= {min_speedup}x with the interval above 1)",
         }.get(self, self.value)
 
@@ -105,7 +109,7 @@ class PerfStatus(StrEnum):
             not_claimed: nothing timed (both sides ran the standard path).
             below_floor: a floor (``floor_us``). side_stream: a tail excess (``tail_excess_us``).
             busy_outside: ``candidate_outside_cpu_us``. waits: ``wait_excess_us``.
-            tampered, wrong_output, raised: the implementation names the cause in parentheses.
+            tampered, wrong_output, raised, compiled_timed: the implementation names the cause in parentheses.
 
         Args:
             r: the configuration's entry (``PerfResult`` fields: ``baseline_us``, ``candidate_us``,
@@ -127,6 +131,7 @@ class PerfStatus(StrEnum):
                  PerfStatus.BUSY_OUTSIDE: "candidate_outside_cpu_us", PerfStatus.WAITS: "wait_excess_us"}.get(self)
         if needs is not None and r.get(needs) is None:
             return f"a {self.value} configuration needs {needs}"
-        if self in (PerfStatus.TAMPERED, PerfStatus.WRONG_OUTPUT, PerfStatus.RAISED) and "(" not in impl:
+        if self in (PerfStatus.TAMPERED, PerfStatus.WRONG_OUTPUT, PerfStatus.RAISED,
+                    PerfStatus.COMPILED_TIMED) and "(" not in impl:
             return f"a {self.value} configuration must name its cause in the implementation; got {impl!r}"
         return None

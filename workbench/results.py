@@ -57,6 +57,9 @@ class CaseResult(_Model):
         mismatches: one line per mismatch (capped).
         calls: calls made (fresh buffers, reused buffers with new data, repeat).
         world_size: TP ranks the case ran on (one process each; 1 for single-process tasks).
+        graph_replay: CUDA only: the child's CUDA-graph check of this case (``capture_ms``: warm-up plus
+            capture, ``replay_ms``: one replay, milliseconds of host wall clock); ``None`` where no graph
+            ran (CPU, a distributed task, the standard path).
     """
 
     name: str
@@ -68,6 +71,7 @@ class CaseResult(_Model):
     mismatches: tuple[str, ...] = ()
     calls: int = 0
     world_size: int = 1
+    graph_replay: dict[str, float | None] | None = None
 
 
 class PerfResult(_Model):

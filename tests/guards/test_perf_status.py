@@ -21,7 +21,7 @@ def _entry(verdict: str, **kw) -> dict:
 
 def test_the_tables_derive_from_the_enum():
     assert set(FAILING_VERDICTS) == {"regression", "no_gain", "below_floor", "side_stream", "tampered",
-                                     "wrong_output", "busy_outside", "waits", "raised"}
+                                     "wrong_output", "busy_outside", "waits", "raised", "compiled_timed"}
     assert set(LOAD_SENSITIVE) == {"regression", "no_gain", "waits"}
     assert set(POOLED_PERF_VERDICTS) == {"gain", "no_gain", "neutral", "regression"}
     assert [s for s in PerfStatus if s.claimed] == [PerfStatus.GAIN, PerfStatus.NO_GAIN]
@@ -41,6 +41,7 @@ def test_the_tables_derive_from_the_enum():
     ("tampered", {}, "name its cause"),
     ("wrong_output", {}, "name its cause"),
     ("raised", {}, "name its cause"),
+    ("compiled_timed", {}, "name its cause"),
 ])
 def test_an_entry_that_contradicts_its_status_is_refused(verdict, kw, why):
     e = _entry(verdict, **kw)
