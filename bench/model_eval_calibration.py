@@ -32,6 +32,7 @@ import json
 import time
 from pathlib import Path
 
+
 def _flips(ref_tokens, ref_margin, other, rows, first_seq: int = 0) -> list[dict]:
     """Teacher-forced flips of the run ``other``: its row ``rows[b]`` replays reference sequence ``b``.
 

@@ -24,11 +24,11 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_MAX_LOGPROB_DRIFT`` | float | 1e-3 | guards/model_eval.py | largest tolerated log-probability drift (nats) |
 | ``WORKBENCH_MODEL_EVAL_TIE_MARGIN`` | float | 2e-3 | guards/model_eval.py | top-1/top-2 gap below which a greedy flip is excused (nats) |
 | ``WORKBENCH_MODEL_EVAL_TIMEOUT_S`` | float | 900 | guards/model_eval.py | wall-clock limit of each model-eval child (seconds) |
-| ``WORKBENCH_MODEL_EVAL_DTYPES`` | str | float32,bfloat16 | guards/model_eval.py | model dtypes the standalone leg judges (comma-separated, in order) |
+| ``WORKBENCH_MODEL_EVAL_DTYPES`` | str | float32,bfloat16 | guards/model_eval.py | model dtypes judged, in order |
 | ``WORKBENCH_MODEL_EVAL_BF16_CONTEXT_TOKENS`` | int | 192 | guards/model_eval.py | prompt length of the bfloat16 leg (tokens) |
-| ``WORKBENCH_MODEL_EVAL_BF16_GENERATE_TOKENS`` | int | 64 | guards/model_eval.py | tokens generated per sequence in the bfloat16 leg |
-| ``WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN`` | float | 1.0 | guards/model_eval.py | standard top-1/top-2 gap above which a bfloat16 first divergence FAILs (nats, A/A-calibrated) |
-| ``WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN`` | float | 3.0625 | guards/model_eval.py | the same for later teacher-forced bfloat16 flips (nats, A/A-calibrated) |
+| ``WORKBENCH_MODEL_EVAL_BF16_GENERATE_TOKENS`` | int | 64 | guards/model_eval.py | bf16 leg: tokens generated per sequence |
+| ``WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN`` | float | 1.0 | guards/model_eval.py | bf16 first-divergence margin bound (nats) |
+| ``WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN`` | float | 3.0625 | guards/model_eval.py | bf16 later-flip margin bound (nats) |
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
