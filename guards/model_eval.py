@@ -17,7 +17,8 @@ long generation (``generate_tokens``, hundreds), so decode runs deep into the co
 (a) the candidate's argmax differs from the standard token where the standard's top-1/top-2 logit
 margin is at least ``tie_margin`` (a flip a legitimate rounding difference cannot cause), or
 (b) any step's log-prob differs by more than ``max_logprob_drift``, or (c) the candidate crashes
-inside the model. SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
+inside the model, or (d) in bfloat16, a greedy flip at a margin the A/A runs never show (see
+"bfloat16" below). SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
 every run's trace; the reason says so) or when the
 candidate's kernel never ran inside the model (its declared scope excludes the model's decode
 batches on this device).
@@ -65,8 +66,8 @@ run (``bf16_context_tokens`` = 192 prompt tokens in prefill chunks of :data:`BF1
 of :data:`BF16_PAGE_TOKENS`, ``bf16_generate_tokens`` = 64; bf16 matmuls are slow on CPUs without bf16
 units). Every step where the candidate's argmax differs from the standard's token is a flip; each
 sequence's first flip (where free-running greedy decode would first diverge) is reported with the
-standard's and the candidate's top-1/top-2 margin there; a flip where the standard's margin exceeds
-``bf16_tie_margin`` (1.0 nats) FAILs, and so does a later teacher-forced flip above ``bf16_later_tie_margin``
+standard's and the candidate's top-1/top-2 margin there; a first flip where the standard's margin
+exceeds ``bf16_tie_margin`` (1.0 nats) FAILs, and so does a later teacher-forced flip above ``bf16_later_tie_margin``
 (3.06 nats: once the recurrent state has parted, A/A flips come at larger margins). The log-prob drift is
 reported, not bounded (bf16 A/A runs drift by nats once a recurrent state parts). Each bound is
 :data:`BF16_SAFETY` x the largest standard margin at such a flip (first, or any) of the standard path
