@@ -99,6 +99,8 @@ def main() -> None:
     margins = [f["reference_margin"] for r in runs for v in r["variants"].values() for f in v]
     first = [f["reference_margin"] for r in runs for v in r["variants"].values() for f in v if f["first"]]
     worst = max(margins, default=0.0)
+    fractions = sorted(sum(1 for f in v if f["sequence"] == b) / G for r in runs for v in r["variants"].values()
+                       for b in range(B))
     doc = {
         "what": "A/A flips of K3-mini's standard path in bfloat16 against itself in other batch compositions "
                 "(teacher-forced on the reference's greedy tokens); the model eval's bf16_tie_margin comes from it",
@@ -115,9 +117,13 @@ def main() -> None:
         "rule": f"bf16_tie_margin = {SAFETY:g} x the largest A/A margin at a sequence's first flip (where free-running "
                 f"greedy decode first diverges); bf16_later_tie_margin = {SAFETY:g} x the largest A/A margin at any "
                 "teacher-forced flip (later flips come after the recurrent state has parted, where A/A margins are "
-                "larger)",
+                "larger); bf16_max_flip_fraction = 2 x the largest fraction of one sequence's teacher-forced "
+                "steps that flipped in an A/A run",
         "bound_nats": SAFETY * max(first, default=0.0),
         "later_bound_nats": SAFETY * worst,
+        "flip_fractions": fractions,
+        "max_aa_flip_fraction": max(fractions),
+        "flip_fraction_bound": SAFETY * max(fractions),
         "duration_s": round(time.monotonic() - t_start, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -68,12 +68,15 @@ units). Every step where the candidate's argmax differs from the standard's toke
 sequence's first flip (where free-running greedy decode would first diverge) is reported with the
 standard's and the candidate's top-1/top-2 margin there; a first flip where the standard's margin
 exceeds ``bf16_tie_margin`` (1.0 nats) FAILs, and so does a later teacher-forced flip above ``bf16_later_tie_margin``
-(3.06 nats: once the recurrent state has parted, A/A flips come at larger margins). The log-prob drift is
+(3.06 nats: once the recurrent state has parted, A/A flips come at larger margins), and so does a sequence
+whose teacher-forced steps flip more often than ``bf16_max_flip_fraction`` (0.41: random-weight K3-mini's
+margins are small, median 0.38 nats, so a grossly wrong kernel flips most steps, mostly below the margin
+bounds). The log-prob drift is
 reported, not bounded (bf16 A/A runs drift by nats once a recurrent state parts). Each bound is
 :data:`BF16_SAFETY` x the largest standard margin at such a flip (first, or any) of the standard path
 against itself in another valid batch composition (reversed rows, each sequence alone, the batch padded
 with other prompts), teacher-forced the same way (4 seeds, 24 sequences, 76 flips, 14 of them first
-flips: max 0.5 and 1.53 nats): ``bench/model_eval_calibration.py``,
+flips: max 0.5 and 1.53 nats; at most 13 of 64 steps of a sequence flipped): ``bench/model_eval_calibration.py``,
 ``bench/results/cpu/model_eval_bf16_calibration.json`` (CPU; on CUDA the same bound is used, not yet
 calibrated there). It runs on the guard's device, CPU or CUDA.
 
@@ -136,6 +139,8 @@ class ModelEvalSettings:
         bf16_tie_margin: standard top-1/top-2 logit gap (nats) above which a sequence's first bfloat16 flip
             (its free-running divergence) FAILs; calibrated from A/A runs (module docstring, "bfloat16").
         bf16_later_tie_margin: the same for every later teacher-forced flip of a sequence (nats).
+        bf16_max_flip_fraction: the largest fraction of one sequence's teacher-forced bfloat16 steps that may
+            flip, whatever the margins (ratio; A/A-calibrated).
         vllm: the vLLM leg (see "Through vLLM" in the module docstring): ``off`` (default: the standalone
             loop only, so the exploit corpus stays fast), ``on`` (standalone, then vLLM when it is
             importable and the device is CPU; the first FAIL stops), ``only`` (the vLLM leg alone).
@@ -154,6 +159,7 @@ class ModelEvalSettings:
     bf16_generate_tokens: int = 64
     bf16_tie_margin: float = envs.BF16_TIE_MARGIN_DEFAULT
     bf16_later_tie_margin: float = envs.BF16_LATER_TIE_MARGIN_DEFAULT
+    bf16_max_flip_fraction: float = envs.BF16_MAX_FLIP_FRACTION_DEFAULT
     vllm: str = "off"
 
     @classmethod
@@ -323,7 +329,20 @@ class ModelEvalGuard:
                *(Evidence(name="bf16_first_divergence", value=g, unit="token index",
                           path=f"sequence {b}: standard margin {ms:.4g} nats, candidate margin {mc:.4g} nats")
                  for b, g, ms, mc in cmp.first)]
+        G = s.bf16_generate_tokens
+        counts = torch.bincount((cand["argmax"] != std["tokens"]).nonzero()[:, 0], minlength=s.batch).tolist()
+        worst_b = max(range(s.batch), key=lambda b: counts[b])
+        ev.append(Evidence(name="bf16_max_flip_fraction", value=round(counts[worst_b] / G, 4), unit="ratio",
+                           path=f"sequence {worst_b}: {counts[worst_b]} of {G} steps; bound {s.bf16_max_flip_fraction:g}"))
         ctx.artifacts["model_eval_bf16"] = {e.name: e.value for e in ev}
+        if counts[worst_b] / G > s.bf16_max_flip_fraction:
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"In bfloat16, the candidate's greedy choice differs from the standard path's on "
+                                   f"{counts[worst_b]} of {G} teacher-forced steps of sequence {worst_b} "
+                                   f"({counts[worst_b] / G:.0%}); the standard path against itself in other batch "
+                                   f"compositions flips at most {s.bf16_max_flip_fraction / BF16_SAFETY:.0%} "
+                                   f"(bound {s.bf16_max_flip_fraction:.0%}).",
+                           evidence=tuple(ev))
         if cmp.over:
             b, g, ms, mc = cmp.over[0]
             first = any(f[:2] == (b, g) for f in cmp.first)

@@ -29,6 +29,7 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_BF16_GENERATE_TOKENS`` | int | 64 | guards/model_eval.py | bf16 leg: tokens generated per sequence |
 | ``WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN`` | float | 1.0 | guards/model_eval.py | bf16 first-divergence margin bound (nats) |
 | ``WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN`` | float | 3.0625 | guards/model_eval.py | bf16 later-flip margin bound (nats) |
+| ``WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION`` | float | 0.40625 | guards/model_eval.py | bf16 flip-fraction bound per sequence |
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
@@ -141,6 +142,9 @@ BF16_TIE_MARGIN_DEFAULT = 1.0
 BF16_LATER_TIE_MARGIN_DEFAULT = 3.0625
 """The bfloat16 leg's bound on later teacher-forced flips (nats): 2 x the largest A/A flip margin, 1.53125,
 of the same file."""
+BF16_MAX_FLIP_FRACTION_DEFAULT = 0.40625
+"""The bfloat16 leg's bound on the fraction of one sequence's teacher-forced steps that flip (ratio): 2 x the
+largest A/A fraction, 13 of 64 steps, of the same file."""
 _ME = "guards/model_eval.py"
 MODEL_EVAL: dict[str, EnvVar] = {v.name.removeprefix(MODEL_EVAL_PREFIX).lower(): v for v in (
     EnvVar("WORKBENCH_MODEL_EVAL_BATCH", int, 2, "sequences decoded together", _ME),
@@ -162,6 +166,8 @@ MODEL_EVAL: dict[str, EnvVar] = {v.name.removeprefix(MODEL_EVAL_PREFIX).lower():
            "standard top-1/top-2 gap above which a bfloat16 first divergence FAILs (nats, A/A-calibrated)", _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN", float, BF16_LATER_TIE_MARGIN_DEFAULT,
            "the same for later teacher-forced bfloat16 flips (nats, A/A-calibrated)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION", float, BF16_MAX_FLIP_FRACTION_DEFAULT,
+           "largest fraction of a sequence's bfloat16 steps that may flip (A/A-calibrated)", _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_VLLM", str, "off", "the model eval's vLLM leg (set by --model-eval-vllm)", _ME,
            choices=("off", "on", "only")),
 )}
