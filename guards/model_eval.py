@@ -78,7 +78,9 @@ against itself in another valid batch composition (reversed rows, each sequence 
 with other prompts), teacher-forced the same way (4 seeds, 24 sequences, 76 flips, 14 of them first
 flips: max 0.5 and 1.53 nats; at most 13 of 64 steps of a sequence flipped): ``bench/model_eval_calibration.py``,
 ``bench/results/cpu/model_eval_bf16_calibration.json`` (CPU; on CUDA the same bound is used, not yet
-calibrated there). It runs on the guard's device, CPU or CUDA.
+calibrated there). It runs on the guard's device, CPU or CUDA, and costs about 22 s more per candidate on
+the loaded 2-core CPU (``workbench demo``: model eval 93 s, ~22 s of it bf16); tests that judge a candidate
+for another reason run float32 only (tests/conftest.py ``SUITE_MODEL_EVAL``).
 
 Source: issue 6 ("Model-eval guard": "run on the standalone loop in CI and through vLLM where
 available"); issue 15 item 3 (bfloat16); DESIGN.md guard order (... activation -> model eval -> perf); measurements above
