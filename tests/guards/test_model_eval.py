@@ -15,7 +15,8 @@ from guards.verdict import Status
 from tests.conftest import REPO_ROOT
 from workbench.taskspec import load_task
 
-SMALL = ModelEvalSettings(batch=2, context_tokens=80, generate_tokens=48, prefill_chunk=32, page_tokens=32)
+SMALL = ModelEvalSettings(batch=2, context_tokens=80, generate_tokens=48, prefill_chunk=32, page_tokens=32,
+                          dtypes="float32")  # the bfloat16 leg's tests: SMALL_BF16
 GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 
 
