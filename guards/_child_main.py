@@ -503,7 +503,8 @@ def _model_eval(req):
     from k3_model.model import K3Model, random_weights
 
     cfg = parse_hf_config(k3_mini_hf_config())
-    model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=torch.float32, device=req["device"])
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[req.get("dtype", "float32")]
+    model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=dtype, device=req["device"])
     s = req["settings"]
     res = generate(model, req["prompts"], s["generate_tokens"], decode_backend=req["decode_backend"],
                    forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])

@@ -17,7 +17,8 @@ long generation (``generate_tokens``, hundreds), so decode runs deep into the co
 (a) the candidate's argmax differs from the standard token where the standard's top-1/top-2 logit
 margin is at least ``tie_margin`` (a flip a legitimate rounding difference cannot cause), or
 (b) any step's log-prob differs by more than ``max_logprob_drift``, or (c) the candidate crashes
-inside the model. SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
+inside the model, or (d) in bfloat16, a greedy flip at a margin the A/A runs never show (see
+"bfloat16" below). SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
 every run's trace; the reason says so) or when the
 candidate's kernel never ran inside the model (its declared scope excludes the model's decode
 batches on this device).
@@ -56,8 +57,33 @@ implementation each step took); a latency-specialized op on a prefill or mixed s
 run when the device is not ``cpu`` or vllm is not importable (``on``: the verdict says so; ``only``: SKIP).
 Default lengths cost about 70 s on a loaded 2-core CPU (two vLLM start-ups of ~10 s each included).
 
+**bfloat16** (``ModelEvalSettings.dtypes``, default ``float32,bfloat16``; issue 15 item 3): K3 is served in
+bfloat16, where rounding makes greedy tokens of two honest implementations part within tens of tokens (on
+an H200 the latency_specialized path left the standard's tokens within 65 tokens at batch 1, 8 and 64), so
+the float32 bounds cannot apply. After a float32 PASS, two more children run K3-mini with bf16 weights
+and activations: the standard path greedily, then the candidate teacher-forced on those tokens, on a short
+run (``bf16_context_tokens`` = 192 prompt tokens in prefill chunks of :data:`BF16_PREFILL_CHUNK`, MLA pages
+of :data:`BF16_PAGE_TOKENS`, ``bf16_generate_tokens`` = 64; bf16 matmuls are slow on CPUs without bf16
+units). Every step where the candidate's argmax differs from the standard's token is a flip; each
+sequence's first flip (where free-running greedy decode would first diverge) is reported with the
+standard's and the candidate's top-1/top-2 margin there; a first flip where the standard's margin
+exceeds ``bf16_tie_margin`` (1.0 nats) FAILs, and so does a later teacher-forced flip above ``bf16_later_tie_margin``
+(3.06 nats: once the recurrent state has parted, A/A flips come at larger margins), and so does a sequence
+whose teacher-forced steps flip more often than ``bf16_max_flip_fraction`` (0.41: random-weight K3-mini's
+margins are small, median 0.38 nats, so a grossly wrong kernel flips most steps, mostly below the margin
+bounds). The log-prob drift is
+reported, not bounded (bf16 A/A runs drift by nats once a recurrent state parts). Each bound is
+:data:`BF16_SAFETY` x the largest standard margin at such a flip (first, or any) of the standard path
+against itself in another valid batch composition (reversed rows, each sequence alone, the batch padded
+with other prompts), teacher-forced the same way (4 seeds, 24 sequences, 76 flips, 14 of them first
+flips: max 0.5 and 1.53 nats; at most 13 of 64 steps of a sequence flipped): ``bench/model_eval_calibration.py``,
+``bench/results/cpu/model_eval_bf16_calibration.json`` (CPU; on CUDA the same bound is used, not yet
+calibrated there). It runs on the guard's device, CPU or CUDA, and costs about 22 s more per candidate on
+the loaded 2-core CPU (``workbench demo``: model eval 93 s, ~22 s of it bf16); tests that judge a candidate
+for another reason run float32 only (tests/conftest.py ``SUITE_MODEL_EVAL``).
+
 Source: issue 6 ("Model-eval guard": "run on the standalone loop in CI and through vLLM where
-available"); DESIGN.md guard order (... activation -> model eval -> perf); measurements above
+available"); issue 15 item 3 (bfloat16); DESIGN.md guard order (... activation -> model eval -> perf); measurements above
 reproduced by tests/guards/test_model_eval.py and tests/guards/test_model_eval_vllm.py.
 """
 
@@ -82,6 +108,19 @@ VLLM_DTYPE = "float32"
 only one the CPU kernels declare in scope (in bfloat16 the dispatcher keeps every step on the standard path)."""
 
 
+DTYPES = ("float32", "bfloat16")
+"""The model dtypes the standalone leg judges, in order (the first FAIL stops): float32 (long context,
+the drift bound) and bfloat16, the serving dtype (issue 15 item 3)."""
+BF16_PREFILL_CHUNK = 64
+"""Prompt tokens per prefill forward in the bfloat16 leg (tokens): its short context still hands the KDA
+state over between chunks."""
+BF16_PAGE_TOKENS = 64
+"""MLA cache page of the bfloat16 leg (tokens): its decode crosses into a new page."""
+BF16_SAFETY = 2.0
+"""``bf16_tie_margin`` is this many times the largest A/A flip margin (dimensionless; module docstring,
+"bfloat16"). Source: bench/model_eval_calibration.py, bench/results/cpu/model_eval_bf16_calibration.json."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelEvalSettings:
     """Lengths, declared limits and bounds of the model eval.
@@ -95,6 +134,15 @@ class ModelEvalSettings:
         max_logprob_drift: largest tolerated |log p_candidate - log p_standard| at any step (nats).
         tie_margin: standard top-1/top-2 logit gap below which a greedy flip is excused (nats).
         timeout_s: wall-clock limit of each child (seconds).
+        dtypes: the model dtypes judged (:data:`DTYPES`, or one of them), comma-separated in the variable.
+        bf16_context_tokens: prompt length per sequence of the bfloat16 leg (tokens; short: bf16 matmuls
+            are slow on CPUs without bf16 units).
+        bf16_generate_tokens: tokens generated per sequence in the bfloat16 leg.
+        bf16_tie_margin: standard top-1/top-2 logit gap (nats) above which a sequence's first bfloat16 flip
+            (its free-running divergence) FAILs; calibrated from A/A runs (module docstring, "bfloat16").
+        bf16_later_tie_margin: the same for every later teacher-forced flip of a sequence (nats).
+        bf16_max_flip_fraction: the largest fraction of one sequence's teacher-forced bfloat16 steps that may
+            flip, whatever the margins (ratio; A/A-calibrated).
         vllm: the vLLM leg (see "Through vLLM" in the module docstring): ``off`` (default: the standalone
             loop only, so the exploit corpus stays fast), ``on`` (standalone, then vLLM when it is
             importable and the device is CPU; the first FAIL stops), ``only`` (the vLLM leg alone).
@@ -108,6 +156,12 @@ class ModelEvalSettings:
     max_logprob_drift: float = 1e-3
     tie_margin: float = 2e-3
     timeout_s: float = 900.0
+    dtypes: str = ",".join(DTYPES)
+    bf16_context_tokens: int = 192
+    bf16_generate_tokens: int = 64
+    bf16_tie_margin: float = envs.BF16_TIE_MARGIN_DEFAULT
+    bf16_later_tie_margin: float = envs.BF16_LATER_TIE_MARGIN_DEFAULT
+    bf16_max_flip_fraction: float = envs.BF16_MAX_FLIP_FRACTION_DEFAULT
     vllm: str = "off"
 
     @classmethod
@@ -132,6 +186,13 @@ class ModelEvalSettings:
             ValueError: the context does not span at least two KDA prefill chunks, or decode does not
                 cross an MLA page boundary, or a length is not positive, or ``vllm`` is not a mode.
         """
+        dtypes = [d.strip() for d in self.dtypes.split(",") if d.strip()]
+        if not dtypes or any(d not in DTYPES for d in dtypes) or len(set(dtypes)) != len(dtypes):
+            raise ValueError(f"model_eval settings: dtypes={self.dtypes!r}; expected a comma-separated subset of "
+                             f"{', '.join(DTYPES)} (e.g. 'float32,bfloat16').")
+        if min(self.bf16_context_tokens, self.bf16_generate_tokens) < 1 or min(self.bf16_tie_margin,
+                                                                                self.bf16_later_tie_margin) < 0:
+            raise ValueError(f"model_eval settings: bf16 lengths must be >= 1 and bf16_tie_margin >= 0; got {self}.")
         if self.vllm not in VLLM_MODES:
             raise ValueError(f"model_eval settings: vllm={self.vllm!r}; expected one of {', '.join(VLLM_MODES)}.")
         if min(self.batch, self.context_tokens, self.generate_tokens, self.prefill_chunk, self.page_tokens) < 1:
@@ -157,12 +218,14 @@ class ModelEvalGuard:
     def __init__(self, settings: ModelEvalSettings | None = None) -> None:
         self.settings = settings
 
-    def _run(self, ctx: GuardContext, backend: str, prompts, weights_seed: int, s: ModelEvalSettings, forced=None):
+    def _run(self, ctx: GuardContext, backend: str, prompts, weights_seed: int, s: ModelEvalSettings, forced=None,
+             dtype: str = "float32"):
         request = {"mode": "model_eval", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
                    "decode_backend": backend, "prompts": prompts, "forced": forced, "weights_seed": weights_seed,
-                   "settings": dataclasses.asdict(s)}
+                   "settings": dataclasses.asdict(s), "dtype": dtype}
         progress.phase(f"K3-mini on the {'candidate' if backend == 'latency_specialized' else 'standard'} path "
-                       f"({len(prompts)} prompts, {s.generate_tokens} tokens each{', forced' if forced is not None else ''})")
+                       f"in {dtype} ({len(prompts)} prompts, {s.generate_tokens} tokens each"
+                       f"{', forced' if forced is not None else ''})")
         return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 
@@ -185,10 +248,10 @@ class ModelEvalGuard:
         wseed = _seed(ctx.seed, "weights")
 
         if s.vllm == "off":
-            return self._standalone(ctx, s, prompts, wseed)
+            return self._standalone_dtypes(ctx, s, prompts, wseed)
         standalone = None
         if s.vllm == "on":
-            standalone = self._standalone(ctx, s, prompts, wseed)
+            standalone = self._standalone_dtypes(ctx, s, prompts, wseed)
             if standalone.status is not Status.PASS:  # FAIL stops here; SKIP: the kernel never ran in the model
                 return standalone
         why_not = vllm_unavailable(ctx.device)
@@ -204,6 +267,103 @@ class ModelEvalGuard:
                 update={"evidence": (*served.evidence, *standalone.evidence)})
         return Verdict(guard=self.name, status=Status.PASS, summary=f"{standalone.summary} {served.summary}",
                        evidence=(*standalone.evidence, *served.evidence))
+
+    def _standalone_dtypes(self, ctx: GuardContext, s: ModelEvalSettings, prompts, wseed: int) -> Verdict:
+        """The standalone leg in each of ``s.dtypes`` (float32, then bfloat16); the first verdict that is not
+        PASS stops (a float32 SKIP, the kernel never ran, is the verdict); PASS verdicts are joined."""
+        verdicts = []
+        for dtype in [d.strip() for d in s.dtypes.split(",") if d.strip()]:
+            v = self._standalone(ctx, s, prompts, wseed) if dtype == "float32" else self._standalone_bf16(ctx, s, wseed)
+            if v.status is not Status.PASS:
+                return v if not verdicts else v.model_copy(update={
+                    "evidence": (*v.evidence, *(e for p in verdicts for e in p.evidence))})
+            verdicts.append(v)
+        return Verdict(guard=self.name, status=Status.PASS, summary=" ".join(v.summary for v in verdicts),
+                       evidence=tuple(e for v in verdicts for e in v.evidence))
+
+    def _standalone_bf16(self, ctx: GuardContext, s: ModelEvalSettings, wseed: int) -> Verdict:
+        """The bfloat16 leg (module docstring, "bfloat16"): short, teacher-forced, flips judged against the
+        A/A-calibrated ``bf16_tie_margin``; the log-prob drift is reported, not bounded."""
+        import torch
+
+        from k3_model.hf_config import k3_mini_hf_config
+
+        bos = k3_mini_hf_config()["bos_token_id"]
+        gen = torch.Generator().manual_seed(_seed(ctx.seed, "prompts-bf16"))
+        prompts = torch.randint(0, bos, (s.batch, s.bf16_context_tokens), generator=gen)
+        sb = dataclasses.replace(s, context_tokens=s.bf16_context_tokens, generate_tokens=s.bf16_generate_tokens,
+                                 prefill_chunk=BF16_PREFILL_CHUNK, page_tokens=BF16_PAGE_TOKENS)
+        std_out = self._run(ctx, "standard", prompts, wseed, sb, dtype="bfloat16")
+        std = _model_eval_response(std_out)
+        if std is None or std.get("kernel_module_imported"):
+            why = ("it imported the candidate's kernel module" if std is not None else
+                   std_out.problem or str((std_out.response or {}).get("error", "")).strip()[:500])
+            raise RuntimeError(f"the standard-path bfloat16 model run failed (no candidate code ran in it): {why} "
+                               f"{std_out.stderr_tail[-800:]}")
+        cand_out = self._run(ctx, LS, prompts, wseed, sb, forced=std["tokens"], dtype="bfloat16")
+        cand = _model_eval_response(cand_out)
+        ev = [Evidence(name="bf16_batch", value=s.batch, unit="sequences"),
+              Evidence(name="bf16_context_tokens", value=s.bf16_context_tokens, unit="tokens"),
+              Evidence(name="bf16_generated_tokens", value=s.bf16_generate_tokens, unit="tokens per sequence")]
+        if cand is None:
+            why = cand_out.problem or (str((cand_out.response or {}).get("error", "")).strip().splitlines() or [""])[0]
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"The model in bfloat16 with the candidate's kernel did not complete: {why.rstrip('.')}.",
+                           evidence=(Evidence(name="bf16_child_problem", value=why),
+                                     Evidence(name="bf16_stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+        ls_decode = int(cand["implementations"]["decode"].get(f"{ctx.task.op}:{LS}", 0))
+        ev.append(Evidence(name="bf16_candidate_decode_calls", value=ls_decode, unit="count"))
+        ev.append(Evidence(name="bf16_child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s"))
+        if ls_decode == 0:  # the float32 leg judged it; say that bfloat16 was not
+            return Verdict(guard=self.name, status=Status.PASS,
+                           summary="In bfloat16 the candidate's kernel never ran inside the model (outside its declared "
+                                   "scope), so bfloat16 was not judged.", evidence=tuple(ev))
+        cmp = compare_forced(std["tokens"], std["margin"], cand["argmax"], cand["margin"], bound=s.bf16_tie_margin,
+                             later_bound=s.bf16_later_tie_margin)
+        drift = float((cand["logprobs"].double() - std["logprobs"].double()).abs().max())
+        ev += [Evidence(name="bf16_tie_margin", value=s.bf16_tie_margin, unit="nats",
+                        path="first divergence: 2 x max A/A first-flip margin, bench/results/cpu/model_eval_bf16_calibration.json"),
+               Evidence(name="bf16_later_tie_margin", value=s.bf16_later_tie_margin, unit="nats",
+                        path="later teacher-forced flips: 2 x max A/A flip margin, same file"),
+               Evidence(name="bf16_flips", value=cmp.flips, unit="tokens", path="teacher-forced argmax != standard token"),
+               Evidence(name="bf16_flips_over_bound", value=len(cmp.over), unit="tokens"),
+               Evidence(name="bf16_max_logprob_drift", value=drift, unit="nats", path="reported, not bounded"),
+               *(Evidence(name="bf16_first_divergence", value=g, unit="token index",
+                          path=f"sequence {b}: standard margin {ms:.4g} nats, candidate margin {mc:.4g} nats")
+                 for b, g, ms, mc in cmp.first)]
+        G = s.bf16_generate_tokens
+        counts = torch.bincount((cand["argmax"] != std["tokens"]).nonzero()[:, 0], minlength=s.batch).tolist()
+        worst_b = max(range(s.batch), key=lambda b: counts[b])
+        ev.append(Evidence(name="bf16_max_flip_fraction", value=round(counts[worst_b] / G, 4), unit="ratio",
+                           path=f"sequence {worst_b}: {counts[worst_b]} of {G} steps; bound {s.bf16_max_flip_fraction:g}"))
+        ctx.artifacts["model_eval_bf16"] = {e.name: e.value for e in ev}
+        if counts[worst_b] / G > s.bf16_max_flip_fraction:
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"In bfloat16, the candidate's greedy choice differs from the standard path's on "
+                                   f"{counts[worst_b]} of {G} teacher-forced steps of sequence {worst_b} "
+                                   f"({counts[worst_b] / G:.0%}); the standard path against itself in other batch "
+                                   f"compositions flips at most {s.bf16_max_flip_fraction / BF16_SAFETY:.0%} "
+                                   f"(bound {s.bf16_max_flip_fraction:.0%}).",
+                           evidence=tuple(ev))
+        if cmp.over:
+            b, g, ms, mc = cmp.over[0]
+            first = any(f[:2] == (b, g) for f in cmp.first)
+            bound = s.bf16_tie_margin if first else s.bf16_later_tie_margin
+            where = "first diverge" if first else "diverge again (teacher-forced)"
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"In bfloat16, greedy tokens {where} from the standard path at generated token {g} "
+                                   f"of sequence {b} where the standard's top-1/top-2 margin is {ms:.3g} nats (the "
+                                   f"candidate's {mc:.3g}), above the bound {bound:.3g} nats ({BF16_SAFETY:g} x the "
+                                   "largest such margin at which the standard path flips against itself in other batch "
+                                   "compositions).",
+                           evidence=(Evidence(name="bf16_first_flip_over_bound", value=g, unit="token index",
+                                              path=f"sequence {b}"), *ev))
+        firsts = ", ".join(f"seq {b} token {g} at margin {ms:.2g}" for b, g, ms, _ in cmp.first) or "none"
+        return Verdict(guard=self.name, status=Status.PASS,
+                       summary=f"In bfloat16 ({s.bf16_generate_tokens} tokens x {s.batch}) every flip is a near tie "
+                               f"(first divergences: {firsts}; bounds {s.bf16_tie_margin:.3g} nats there, "
+                               f"{s.bf16_later_tie_margin:.3g} later).",
+                       evidence=tuple(ev))
 
     def _standalone(self, ctx: GuardContext, s: ModelEvalSettings, prompts, wseed: int) -> Verdict:
         """The standalone leg: two children running :func:`k3_model.decode.generate` (module docstring)."""
@@ -540,3 +700,59 @@ def compare_greedy(std_tokens, std_logprobs, std_top_logprobs, cand_tokens, cand
         if n < G:
             (mismatches if float(margin[b, n]) >= tie_margin else excused).append((b, n))
     return GreedyComparison(compared, best, best_at, first_over, tuple(mismatches), tuple(excused))
+
+
+@dataclasses.dataclass(frozen=True)
+class ForcedComparison:
+    """A teacher-forced run compared with the standard's greedy tokens (see :func:`compare_forced`).
+
+    Attributes:
+        flips: steps where the candidate's argmax differs from the standard's token (count).
+        first: per sequence with a flip, ``(sequence, token, standard margin, candidate margin)`` of its first
+            one (margins in nats): where free-running greedy generation would first diverge.
+        over: the same for every flip whose standard margin exceeds its bound (a first flip ``bound``, a
+            later one ``later_bound``), earliest token first.
+    """
+
+    flips: int
+    first: tuple[tuple[int, int, float, float], ...]
+    over: tuple[tuple[int, int, float, float], ...]
+
+
+def compare_forced(std_tokens, std_margin, cand_argmax, cand_margin, *, bound: float,
+                   later_bound: float | None = None) -> ForcedComparison:
+    """Flips of a teacher-forced candidate against the standard's greedy tokens, and those above the bounds.
+
+    Args:
+        std_tokens: (B, G) int the standard's greedy tokens (the candidate was forced on them).
+        std_margin: (B, G) the standard's top-1 minus top-2 logit at each step (nats).
+        cand_argmax: (B, G) int the candidate's own greedy choice at each step.
+        cand_margin: (B, G) the candidate's top-1 minus top-2 logit (nats).
+        bound: a sequence's first flip whose standard margin is strictly greater FAILs (nats).
+        later_bound: the same for the sequence's later flips (nats; default ``bound``).
+
+    Returns:
+        A :class:`ForcedComparison`. Every step is compared: teacher forcing keeps both sides on the same
+        context, so a flip after the first one is still a like-for-like comparison (of states that may
+        have parted, hence its own bound).
+
+    Raises:
+        ValueError: the shapes disagree.
+
+    Source: the bounds, bench/results/cpu/model_eval_bf16_calibration.json (module docstring, "bfloat16").
+    """
+    if not (std_tokens.shape == std_margin.shape == cand_argmax.shape == cand_margin.shape):
+        raise ValueError(f"compare_forced: shapes differ: {tuple(std_tokens.shape)}, {tuple(std_margin.shape)}, "
+                         f"{tuple(cand_argmax.shape)}, {tuple(cand_margin.shape)}")
+    later_bound = bound if later_bound is None else later_bound
+    flips = (cand_argmax != std_tokens).nonzero().tolist()
+    rows = [(b, g, float(std_margin[b, g]), float(cand_margin[b, g])) for b, g in flips]
+    first, over, seen = [], [], set()
+    for r in rows:  # row-major: a sequence's flips in token order
+        is_first = r[0] not in seen
+        seen.add(r[0])
+        if is_first:
+            first.append(r)
+        if r[2] > (bound if is_first else later_bound):
+            over.append(r)
+    return ForcedComparison(len(rows), tuple(first), tuple(sorted(over, key=lambda r: (r[1], r[0]))))

@@ -1,8 +1,9 @@
 """The ``workbench`` command line.
 
 Exit codes of ``run`` and ``verify``: 0 accepted, 1 rejected, 2 bad input or infrastructure error,
-3 correct but perf not judged on this device (the task times it elsewhere: never a plain accept, and
-not put in the review queue); the last line printed is the result file's path. No torch import at
+3 correct but perf not judged on this device (the task times it elsewhere: never a plain accept; it is
+queued as "accepted, not judged: perf", and approving it needs ``--accept-unjudged "REASON"``); the last
+line printed is the result file's path. No torch import at
 module level (fast ``--help``).
 
 Terminal markup: a string printed with rich markup carries only the workbench's own style tags; every
@@ -70,13 +71,10 @@ def _exit_code(result) -> int:
 
 
 def _enqueue(root: Path, result, path: Path, no_queue: bool) -> None:
-    """Put an accepted result in the review queue, unless its perf was not judged (then say why not)."""
+    """Put an accepted result in the review queue; one with SKIP verdicts (perf not judged on this device,
+    a model eval that did not apply) is queued as "accepted, not judged" and approved only with a reason
+    (``workbench review approve ID --accept-unjudged "REASON"``; issue 15 item 4)."""
     if no_queue or not result.accepted:
-        return
-    if result.acceptance == "correct_perf_not_judged":
-        err.print(f"[yellow]review queue:[/] not queued: {result.acceptance_label.lower()} on {result.device}; "
-                  "a claimed speedup is judged or not claimed, so only results whose perf was judged wait for review. "
-                  "Verify it on a device where the task times it to queue it.")
         return
     from workbench.review.cli import enqueue_accepted
 

@@ -24,6 +24,12 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_MAX_LOGPROB_DRIFT`` | float | 1e-3 | guards/model_eval.py | largest tolerated log-probability drift (nats) |
 | ``WORKBENCH_MODEL_EVAL_TIE_MARGIN`` | float | 2e-3 | guards/model_eval.py | top-1/top-2 gap below which a greedy flip is excused (nats) |
 | ``WORKBENCH_MODEL_EVAL_TIMEOUT_S`` | float | 900 | guards/model_eval.py | wall-clock limit of each model-eval child (seconds) |
+| ``WORKBENCH_MODEL_EVAL_DTYPES`` | str | float32,bfloat16 | guards/model_eval.py | model dtypes judged, in order |
+| ``WORKBENCH_MODEL_EVAL_BF16_CONTEXT_TOKENS`` | int | 192 | guards/model_eval.py | prompt length of the bfloat16 leg (tokens) |
+| ``WORKBENCH_MODEL_EVAL_BF16_GENERATE_TOKENS`` | int | 64 | guards/model_eval.py | bf16 leg: tokens generated per sequence |
+| ``WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN`` | float | 1.0 | guards/model_eval.py | bf16 first-divergence margin bound (nats) |
+| ``WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN`` | float | 3.0625 | guards/model_eval.py | bf16 later-flip margin bound (nats) |
+| ``WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION`` | float | 0.40625 | guards/model_eval.py | bf16 flip-fraction bound per sequence |
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
@@ -130,6 +136,15 @@ BENCH_HANG_DUMP_S = EnvVar("WORKBENCH_BENCH_HANG_DUMP_S", float, 600.0,
                            "workbench/bench_dist.py (rank process)")
 
 MODEL_EVAL_PREFIX = "WORKBENCH_MODEL_EVAL_"
+BF16_TIE_MARGIN_DEFAULT = 1.0
+"""The bfloat16 leg's bound on a sequence's first divergence (nats): 2 x the largest A/A first-flip margin,
+0.5, of bench/results/cpu/model_eval_bf16_calibration.json (guards/model_eval.py, "bfloat16")."""
+BF16_LATER_TIE_MARGIN_DEFAULT = 3.0625
+"""The bfloat16 leg's bound on later teacher-forced flips (nats): 2 x the largest A/A flip margin, 1.53125,
+of the same file."""
+BF16_MAX_FLIP_FRACTION_DEFAULT = 0.40625
+"""The bfloat16 leg's bound on the fraction of one sequence's teacher-forced steps that flip (ratio): 2 x the
+largest A/A fraction, 13 of 64 steps, of the same file."""
 _ME = "guards/model_eval.py"
 MODEL_EVAL: dict[str, EnvVar] = {v.name.removeprefix(MODEL_EVAL_PREFIX).lower(): v for v in (
     EnvVar("WORKBENCH_MODEL_EVAL_BATCH", int, 2, "sequences decoded together", _ME),
@@ -142,6 +157,17 @@ MODEL_EVAL: dict[str, EnvVar] = {v.name.removeprefix(MODEL_EVAL_PREFIX).lower():
     EnvVar("WORKBENCH_MODEL_EVAL_TIE_MARGIN", float, 2e-3,
            "standard top-1/top-2 logit gap below which a greedy flip is excused (nats)", _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_TIMEOUT_S", float, 900.0, "wall-clock limit of each model-eval child (seconds)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_DTYPES", str, "float32,bfloat16",
+           "model dtypes the standalone leg judges (comma-separated, in order)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_CONTEXT_TOKENS", int, 192, "prompt length of the bfloat16 leg (tokens)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_GENERATE_TOKENS", int, 64, "tokens generated per sequence in the bfloat16 leg",
+           _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN", float, BF16_TIE_MARGIN_DEFAULT,
+           "standard top-1/top-2 gap above which a bfloat16 first divergence FAILs (nats, A/A-calibrated)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN", float, BF16_LATER_TIE_MARGIN_DEFAULT,
+           "the same for later teacher-forced bfloat16 flips (nats, A/A-calibrated)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION", float, BF16_MAX_FLIP_FRACTION_DEFAULT,
+           "largest fraction of a sequence's bfloat16 steps that may flip (A/A-calibrated)", _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_VLLM", str, "off", "the model eval's vLLM leg (set by --model-eval-vllm)", _ME,
            choices=("off", "on", "only")),
 )}

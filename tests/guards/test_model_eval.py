@@ -15,7 +15,8 @@ from guards.verdict import Status
 from tests.conftest import REPO_ROOT
 from workbench.taskspec import load_task
 
-SMALL = ModelEvalSettings(batch=2, context_tokens=80, generate_tokens=48, prefill_chunk=32, page_tokens=32)
+SMALL = ModelEvalSettings(batch=2, context_tokens=80, generate_tokens=48, prefill_chunk=32, page_tokens=32,
+                          dtypes="float32")  # the bfloat16 leg's tests: SMALL_BF16
 GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 
 
@@ -174,7 +175,7 @@ def test_vllm_leg_unavailable_is_said_not_hidden(tmp_path, monkeypatch):
     monkeypatch.setattr(me, "vllm_unavailable", lambda device: "vllm is not importable in this Python")
     passed = Verdict(guard="model_eval", status=Status.PASS, summary="Standalone matches.",
                      evidence=(Evidence(name="greedy_mismatches", value=0, unit="tokens"),))
-    monkeypatch.setattr(me.ModelEvalGuard, "_standalone", lambda self, ctx, s, prompts, wseed: passed)
+    monkeypatch.setattr(me.ModelEvalGuard, "_standalone_dtypes", lambda self, ctx, s, prompts, wseed: passed)
     ctx = _ctx(tmp_path, tmp_path)
     v = ModelEvalGuard(dataclasses.replace(SMALL, vllm="on")).check(ctx)
     assert v.status is Status.PASS
@@ -194,3 +195,107 @@ def test_reproduce_command_carries_model_eval_settings(monkeypatch):
     monkeypatch.setenv("WORKBENCH_MODEL_EVAL_GENERATE_TOKENS", "64")
     monkeypatch.setenv("WORKBENCH_MODEL_EVAL_VLLM", "on")
     assert _env_prefix() == "WORKBENCH_MODEL_EVAL_GENERATE_TOKENS=64 WORKBENCH_MODEL_EVAL_VLLM=on "
+
+
+# ---- the bfloat16 leg (issue 15 item 3) -----------------------------------------------------------
+
+SMALL_BF16 = dataclasses.replace(SMALL, dtypes="bfloat16", bf16_context_tokens=96, bf16_generate_tokens=32)
+
+SCALED_KERNEL = '''"""A wrong kernel for the bfloat16 leg's test: exact top-k, but every block of the aligned layout is
+sent to the next expert (e + 1 mod E) and every routing weight is negated: the MoE output is far off."""
+import torch
+
+from k3_model.dispatch import OpScope
+from k3_model.ops.moe_dispatch import moe_route_dispatch_standard
+
+SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)
+
+
+def moe_route_dispatch(router_logits, *args, **kw):
+    moe_route_dispatch_standard(router_logits, *args, **kw)
+    e = kw["expert_ids"]
+    e.copy_(torch.where(e >= 0, (e + 1) % router_logits.shape[1], e))
+    kw["topk_weights"].neg_()
+'''
+
+
+def test_compare_forced_reports_first_divergence_and_flips_over_the_bounds():
+    from guards.model_eval import compare_forced
+
+    tokens = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+    margin = torch.tensor([[0.5, 0.03, 2.0, 0.1], [0.0, 0.25, 3.0, 0.5]])
+    cand_margin = margin / 2
+    same = compare_forced(tokens, margin, tokens.clone(), cand_margin, bound=1.0, later_bound=2.5)
+    assert (same.flips, same.first, same.over) == (0, (), ())
+    cand = tokens.clone()
+    cand[0, 1] = cand[0, 2] = cand[1, 0] = cand[1, 2] = 99
+    # seq 0: first flip a near tie (0.03), then 2.0 (a later flip, under 2.5); seq 1: an exact tie, then 3.0
+    r = compare_forced(tokens, margin, cand, cand_margin, bound=1.0, later_bound=2.5)
+    assert r.flips == 4
+    assert r.first == ((0, 1, pytest.approx(0.03), pytest.approx(0.015)), (1, 0, 0.0, 0.0))
+    assert r.over == ((1, 2, 3.0, 1.5),)
+    r = compare_forced(tokens, margin, cand, cand_margin, bound=1.0)  # later bound defaults to the first's
+    assert r.over == ((0, 2, 2.0, 1.0), (1, 2, 3.0, 1.5))
+    cand = tokens.clone()
+    cand[1, 2] = 99  # a first divergence at margin 3.0 > 1.0
+    assert compare_forced(tokens, margin, cand, cand_margin, bound=1.0, later_bound=5.0).over == ((1, 2, 3.0, 1.5),)
+    assert compare_forced(tokens, margin, cand, cand_margin, bound=3.0, later_bound=5.0).over == ()  # strictly above
+    with pytest.raises(ValueError, match="shapes differ"):
+        compare_forced(tokens, margin[:, :3], cand, cand_margin, bound=1.0)
+
+
+def test_bf16_bound_comes_from_the_committed_calibration():
+    import json
+
+    from guards.model_eval import BF16_SAFETY
+
+    cal = json.loads((REPO_ROOT / "bench/results/cpu/model_eval_bf16_calibration.json").read_text())
+    assert cal["max_aa_flip_margin_nats"] == max(cal["all_flip_margins_nats"]) > 0
+    assert cal["max_aa_first_flip_margin_nats"] == max(cal["first_flip_margins_nats"]) > 0
+    s = ModelEvalSettings()
+    assert s.bf16_tie_margin == pytest.approx(BF16_SAFETY * cal["max_aa_first_flip_margin_nats"]) == cal["bound_nats"]
+    assert s.bf16_later_tie_margin == pytest.approx(BF16_SAFETY * cal["max_aa_flip_margin_nats"]) == cal["later_bound_nats"]
+    assert s.bf16_max_flip_fraction == pytest.approx(BF16_SAFETY * cal["max_aa_flip_fraction"]) == cal["flip_fraction_bound"]
+    assert (cal["shape"]["context_tokens"], cal["shape"]["generate_tokens"]) == (s.bf16_context_tokens,
+                                                                                 s.bf16_generate_tokens)
+    assert cal["shape"]["dtype"] == "bfloat16" and cal["environment"]["torch"]
+    assert ModelEvalSettings().dtypes == "float32,bfloat16"
+    with pytest.raises(ValueError, match="dtypes='float16'; expected a comma-separated subset of float32, bfloat16"):
+        ModelEvalSettings(dtypes="float16").validate()
+
+
+def test_good_fixture_passes_in_float32_and_bfloat16(tmp_path):
+    s = dataclasses.replace(SMALL_BF16, dtypes="float32,bfloat16")
+    v = ModelEvalGuard(s).check(_ctx(tmp_path, _worktree(tmp_path, GOOD)))
+    assert v.status is Status.PASS, v.summary
+    ev = {e.name: e.value for e in v.evidence}
+    assert ev["greedy_mismatches"] == 0 and ev["max_logprob_drift"] < 1e-4  # float32
+    assert ev["bf16_flips_over_bound"] == 0 and ev["bf16_tie_margin"] == s.bf16_tie_margin  # bfloat16
+    assert ev["bf16_candidate_decode_calls"] == 8 * (s.bf16_generate_tokens - 1)
+    assert "In bfloat16 (32 tokens x 2) every flip is a near tie" in v.summary
+
+
+def test_bf16_wrong_kernel_fails(tmp_path):
+    """A kernel far off in bfloat16: its first flips are near ties (the random-weight model's margins are
+    small), but it flips at a margin no A/A run shows, and far more often."""
+    wt = _worktree(tmp_path)
+    (wt / "k3_model/kernels/moe_dispatch").mkdir(parents=True, exist_ok=True)
+    (wt / "k3_model/kernels/moe_dispatch/__init__.py").write_text(SCALED_KERNEL)
+    v = ModelEvalGuard(SMALL_BF16).check(_ctx(tmp_path, wt))
+    assert v.status is Status.FAIL, v.summary
+    ev = {e.name: e for e in v.evidence}
+    frac = ev["bf16_max_flip_fraction"].value
+    assert frac > SMALL_BF16.bf16_max_flip_fraction
+    assert v.summary.startswith("In bfloat16, the candidate's greedy choice differs from the standard path's on ")
+    assert f"({frac:.0%}); the standard path against itself in other batch compositions flips at most 20% " \
+           "(bound 41%)." in v.summary
+    firsts = [e for e in v.evidence if e.name == "bf16_first_divergence"]
+    assert len(firsts) == SMALL_BF16.batch and all("standard margin" in e.path and "candidate margin" in e.path
+                                                   for e in firsts)
+    # with the fraction bound lifted, the margin bound still catches it (one flip above 3.06 nats)
+    v = ModelEvalGuard(dataclasses.replace(SMALL_BF16, bf16_max_flip_fraction=1.0)).check(_ctx(tmp_path, wt))
+    assert v.status is Status.FAIL and v.summary.startswith("In bfloat16, greedy tokens "), v.summary
+    margin = float(v.summary.split("top-1/top-2 margin is ")[1].split(" nats")[0])
+    assert margin > SMALL_BF16.bf16_later_tie_margin
+    g = {e.name: e.value for e in v.evidence}["bf16_first_flip_over_bound"]
+    assert 0 <= g < SMALL_BF16.bf16_generate_tokens

@@ -71,3 +71,42 @@ def no_perf_result(dest: Path, *, accepted: bool = True):
         seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
         started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
     return write_result(r, dest)
+
+
+SKIPS = {  # the SKIP summaries real guards write (guards/model_eval.py, guards/perf.py)
+    "model_eval": "K3-mini never calls op 'allreduce_rmsnorm' (k3_model.model.DISPATCHED_OPS), so the model eval "
+                  "does not apply.",
+    "perf": "Performance of this task is judged on cuda only, not cpu: a CPU verdict would be a coin toss.",
+}
+
+
+def candidate_result(root: Path, *, skipped: tuple[str, ...] = ("model_eval", "perf"), n: int = 9) -> Path:
+    """Commit a one-file candidate on ``wb/k3_moe_dispatch/<n>`` of a :func:`make_checkout` repository and
+    write an accepted result for it under ``root/.workbench/results``: every guard PASS except ``skipped``
+    (SKIP, with :data:`SKIPS`' summaries). ``main`` stays checked out at the base; returns the result path."""
+    from guards.verdict import Evidence, Status, Verdict
+    from workbench.results import CandidateInfo, RunResult, perf_was_judged, write_result
+
+    base = git(root, "rev-parse", "main")
+    branch = f"wb/k3_moe_dispatch/{n}"
+    git(root, "checkout", "-q", "-b", branch)
+    f = root / "k3_model" / "kernels" / "moe_dispatch" / "__init__.py"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(f"# candidate {n}\n")
+    git(root, "add", str(f.relative_to(root)))
+    git(root, "commit", "-qm", f"candidate {n}")
+    cand = git(root, "rev-parse", "HEAD")
+    git(root, "checkout", "-q", "main")
+    verdicts = tuple(
+        Verdict(guard=g, status=Status.SKIP, summary=SKIPS[g]) if g in skipped
+        else Verdict(guard=g, status=Status.PASS, summary="ok.",
+                     evidence=(Evidence(name="x", value=1),) if g == "perf" else ())
+        for g in ("isolation", "audit", "correctness", "activation", "model_eval", "perf"))
+    r = RunResult(
+        result_id=f"k3_moe_dispatch-{n}-{cand[:8]}", task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+        candidate=CandidateInfo(source="x", kind="folder", branch=branch, worktree="/w", base_commit=base,
+                                candidate_commit=cand, changed_paths=(str(f.relative_to(root)),)),
+        environment={}, device="cpu", verdicts=verdicts, accepted=True, perf_judged=perf_was_judged(verdicts),
+        seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
+        started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
+    return write_result(r, root / ".workbench" / "results")

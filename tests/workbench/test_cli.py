@@ -149,7 +149,8 @@ def _perf_not_judged_result(tmp_path: Path):
 
 
 def test_perf_not_judged_is_never_a_plain_accept(project_repo, tmp_path, monkeypatch):
-    """Accepted with perf SKIPped: labelled everywhere, exit 3, not put in the review queue."""
+    """Accepted with perf SKIPped: labelled everywhere, exit 3, queued as "accepted, not judged" (issue 15
+    item 4: approving it needs --accept-unjudged; it used to stay out of the queue)."""
     from typer.testing import CliRunner
 
     import workbench.pipeline as pipeline
@@ -168,8 +169,9 @@ def test_perf_not_judged_is_never_a_plain_accept(project_repo, tmp_path, monkeyp
     assert lines[-1] == str(path)
     assert ("Perf was NOT judged on cpu (the task times it on cuda only): correctness and activation passed, but "
             "this result measures no speedup and claims none") in out.stdout
-    assert "review queue: not queued: correct, perf not judged on cpu" in out.stderr
-    assert ReviewStore(db).items() == []
+    assert ('review queue: queued as #1, accepted, not judged: model_eval, perf: approving it needs '
+            '--accept-unjudged "REASON" (workbench review show 1)') in out.stderr
+    assert [(it.result_id, it.state) for it in ReviewStore(db).items()] == [(result.result_id, "queued")]
     md = path.with_suffix(".md").read_text()
     assert md.startswith("# k3_allreduce_rmsnorm: CORRECT, PERF NOT JUDGED\n\n> **Perf was NOT judged on cpu")
     assert "`workbench verify k3_allreduce_rmsnorm --branch wb/k3_allreduce_rmsnorm/9 --device cuda`" in md

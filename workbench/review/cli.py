@@ -1,8 +1,14 @@
 """``workbench review list|show|approve|reject|submit`` and ``workbench ui``.
 
 Errors come back as one line on stderr. Exit code 2 for bad input (an unknown id, an empty reason, a
-store that cannot be opened) in every subcommand; exit code 1 when a review is refused on its merits
-(approve or reject of an item in the wrong state, stale, a verdict not PASS, a conflicting merge).
+store that cannot be opened, an ``--accept-unjudged`` reason that is blank or given for a fully judged
+result) in every subcommand; exit code 1 when a review is refused on its merits (approve or reject of an
+item in the wrong state, stale, a verdict not PASS, a result with SKIP verdicts approved without
+``--accept-unjudged "REASON"``, a conflicting merge).
+
+A result with SKIP verdicts is "accepted, not judged: <guards>" (``workbench.review.service.judgement_label``):
+``list`` shows it in its ``judged`` column, ``show`` prints a banner naming each guard and why it did not
+judge, and exits 0 (it only reads).
 """
 
 from __future__ import annotations
@@ -67,7 +73,11 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
     except WorkbenchError as exc:
         err.print(f"[yellow]review queue:[/] not queued: {escape(str(exc))}")
         return
-    err.print(f"review queue: {'queued' if created else 'already queued'} as #{item.id} "
+    from workbench.review.service import judgement_label
+
+    label = judgement_label(result)
+    note = f", {label}: approving it needs --accept-unjudged \"REASON\"" if label != "accepted" else ""
+    err.print(f"review queue: {'queued' if created else 'already queued'} as #{item.id}{escape(note)} "
               f"(workbench review show {item.id})")
 
 
@@ -82,6 +92,19 @@ def _open(db: str | None, repo: Path | None, *, create: bool = False):
 
 def _state_cell(state: str) -> str:
     return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _judged_cell(item) -> str:
+    """The ``judged`` column of ``review list``: ``accepted``, ``accepted, not judged: perf, ...`` (yellow),
+    or why the result file cannot be read (red: ``show`` says more)."""
+    from workbench.review import service
+
+    try:
+        label = service.judgement_label(service.load_item_result(item))
+    except WorkbenchError as exc:
+        why = "changed since submission" if "changed since submission" in str(exc) else "unreadable"
+        return f"[red]result file {why}[/]"
+    return escape(label) if label == "accepted" else f"[yellow]{escape(label)}[/]"
 
 
 @review_app.command("list")
@@ -103,11 +126,12 @@ def list_(
     except WorkbenchError as exc:
         _fail(exc)
     t = Table(title=f"review queue ({len(items)})")
-    for col in ("id", "task", "state", "branch", "base", "candidate", "target", "updated (UTC)", "reason"):
+    for col in ("id", "task", "state", "judged", "branch", "base", "candidate", "target", "updated (UTC)", "reason"):
         t.add_column(col)
     for it in items:
-        t.add_row(str(it.id), escape(it.task_id), _state_cell(it.state), escape(it.branch), it.base_commit[:10],
-                  it.candidate_commit[:10], escape(it.target_branch), it.updated_at[:19], escape((it.reason or "")[:60]))
+        t.add_row(str(it.id), escape(it.task_id), _state_cell(it.state), _judged_cell(it), escape(it.branch),
+                  it.base_commit[:10], it.candidate_commit[:10], escape(it.target_branch), it.updated_at[:19],
+                  escape((it.reason or "")[:60]))
     console.print(t)
 
 
@@ -132,6 +156,11 @@ def show(
         console.print(f"reason: {item.reason}", markup=False)
     if item.merge_commit:
         console.print(f"merge commit: {item.merge_commit}")
+    banner = service.unjudged_banner(result)
+    if banner:
+        console.print(f"[bold yellow]{escape(banner)}[/]")
+    else:
+        console.print(f"judged: {service.judgement_label(result)} (every guard judged it)", markup=False)
     t = Table(title="verdicts")
     for col in ("guard", "status", "summary"):
         t.add_column(col)
@@ -169,16 +198,22 @@ def show(
 @review_app.command()
 def approve(
     item_id: int = typer.Argument(..., help="Queue id."),
+    accept_unjudged: str | None = typer.Option(
+        None, "--accept-unjudged", metavar="REASON",
+        help="Required when the result has SKIP verdicts (accepted, not judged): why merging it without those "
+             "verdicts is right. It goes into the merge commit."),
     reviewer: str | None = typer.Option(None, "--reviewer", help=REVIEWER_HELP),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     repo: Path | None = typer.Option(None, help=REPO_HELP),
 ) -> None:
-    """Approve a queued candidate and merge it into its target branch (refused when stale or not all PASS)."""
+    """Approve a queued candidate and merge it into its target branch (refused when stale, not all PASS, or
+    not judged by some guard without --accept-unjudged)."""
     from workbench.review import service
 
     try:
         root, store = _open(db, repo)
-        item = service.approve(store, root, item_id, reviewer=reviewer or service.default_reviewer(root))
+        item = service.approve(store, root, item_id, reviewer=reviewer or service.default_reviewer(root),
+                               accept_unjudged=accept_unjudged)
     except WorkbenchError as exc:
         _refused_or_fail(exc)
     console.print(f"#{item.id} merged into {item.target_branch} as {item.merge_commit}")

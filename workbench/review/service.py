@@ -5,6 +5,13 @@ file and refuses when its hash changed since submission, when any verdict is FAI
 verdict is SKIP and the result is not accepted, or when the candidate is stale. Approval then merges
 the judged commit (by SHA, not the branch name, so a branch moved after judgement changes nothing)
 and records ``merged``.
+
+What was not judged (issue 15 item 4): an accepted result whose verdicts include a SKIP (perf on a
+device where the task is not timed, model_eval for an op K3-mini never calls, ...) is queued as
+"accepted, not judged: <guards>" (:func:`judgement_label`); ``review list``/``show`` and the web UI
+say so, and approval needs a reviewer's reason for merging it unjudged (``accept_unjudged``, the
+CLI's ``--accept-unjudged "REASON"``), which goes into the approval's history note and the merge
+commit (:func:`merge_message`). Without one the approval is refused and nothing changes.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from pathlib import Path
 
 import git
 
-from guards.verdict import Status
+from guards.verdict import Status, Verdict
 from workbench import envs
 from workbench.errors import WorkbenchError
 from workbench.results import RunResult, file_sha256, read_result
@@ -72,9 +79,11 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
     Returns:
         ``(item, created)``.
 
+    An accepted result with SKIP verdicts (perf not judged on its device, a model eval that did not apply)
+    is queued too: as "accepted, not judged" (:func:`judgement_label`), approvable only with a reason.
+
     Raises:
-        ReviewError: the result was rejected by the guards, its perf was not judged on its device, or it
-            was queued before with other bytes.
+        ReviewError: the result was rejected by the guards, or it was queued before with other bytes.
         workbench.errors.WorkbenchError: the file is missing or not a result file.
     """
     path = Path(result_path).resolve()
@@ -84,10 +93,6 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
         why = f"{failure.guard} {failure.status.value}: {failure.summary}" if failure else "not accepted"
         raise ReviewError(f"Result {path.name} was rejected by the guards ({why}); only accepted candidates "
                           "enter the review queue. Fix the candidate and run it again.")
-    if not result.perf_judged:
-        raise ReviewError(f"Result {path.name} is correct but its performance was not judged on {result.device} "
-                          "(a claimed speedup is judged or not claimed); run `workbench verify` on a device where "
-                          "the task's perf is judged and queue that result.")
     c = result.candidate
     return store.add(result_id=result.result_id, result_path=str(path), result_sha256=file_sha256(path),
                      task_id=result.task_id, branch=c.branch, base_commit=c.base_commit,
@@ -125,11 +130,82 @@ def verdict_refusal(result: RunResult) -> str | None:
     return None
 
 
-def merge_message(item: ReviewItem, result: RunResult, reviewer: str) -> str:
-    """The merge commit message: subject, every verdict line, perf summary, provenance and result hash."""
+def unjudged_verdicts(result: RunResult) -> tuple[Verdict, ...]:
+    """The SKIP verdicts of an accepted result, in pipeline order: what the guards did not judge.
+
+    ``()`` for a rejected result (its SKIPs are guards that an earlier FAIL stopped; it is never approved).
+    """
+    if not result.accepted:
+        return ()
+    return tuple(v for v in result.verdicts if v.status is Status.SKIP)
+
+
+def judgement_label(result: RunResult) -> str:
+    """``accepted``, ``accepted, not judged: <guard>, <guard>`` (SKIP verdicts), or ``rejected``."""
+    if not result.accepted:
+        return "rejected"
+    skipped = unjudged_verdicts(result)
+    return "accepted, not judged: " + ", ".join(v.guard for v in skipped) if skipped else "accepted"
+
+
+ACCEPT_UNJUDGED_HOW = ('`workbench review approve ID --accept-unjudged "REASON"`, or the web form\'s '
+                       '"accept unjudged" reason')
+"""How a reviewer gives the reason for merging a candidate that was not fully judged (CLI and web UI)."""
+
+
+def unjudged_banner(result: RunResult) -> str | None:
+    """One sentence naming every guard that did not judge an accepted result and why, or ``None``.
+
+    Example: ``Accepted, NOT JUDGED: perf (Performance of this task is judged on cuda only, not cpu: ...).
+    Approval needs a reason for merging it unjudged (...); the reason goes into the merge commit.``
+    """
+    skipped = unjudged_verdicts(result)
+    if not skipped:
+        return None
+    what = "; ".join(f"{v.guard} ({v.summary.rstrip('.')})" for v in skipped)
+    return (f"Accepted, NOT JUDGED: {what}. Approval needs a reason for merging it unjudged "
+            f"({ACCEPT_UNJUDGED_HOW}); the reason goes into the merge commit.")
+
+
+def unjudged_refusal(item_id: int, result: RunResult, accept_unjudged: str | None) -> str | None:
+    """Why the approval cannot go on as asked, given the reviewer's accept-unjudged reason, or ``None``.
+
+    Args:
+        accept_unjudged: the reviewer's reason for merging unjudged guards (stripped, non-empty), or ``None``.
+
+    Returns:
+        A one-line refusal when the result has SKIP verdicts and no reason was given; ``None`` otherwise.
+
+    Raises:
+        ReviewInputError: a reason was given but every guard judged the result (nothing to accept).
+    """
+    skipped = unjudged_verdicts(result)
+    if skipped and accept_unjudged is None:
+        what = "; ".join(f"{v.guard} SKIP ({v.summary.rstrip('.')})" for v in skipped)
+        return (f"Review item #{item_id} was accepted, not judged: {what}. Approving it needs a reason for merging "
+                f"it unjudged ({ACCEPT_UNJUDGED_HOW}); nothing was merged.")
+    if not skipped and accept_unjudged is not None:
+        raise ReviewInputError(f"Review item #{item_id}: an accept-unjudged reason was given, but every guard judged "
+                               "this result (no SKIP verdict); approve it without --accept-unjudged.")
+    return None
+
+
+def merge_message(item: ReviewItem, result: RunResult, reviewer: str, accept_unjudged: str | None = None) -> str:
+    """The merge commit message: subject, every verdict line, what was not judged and the reviewer's reason
+    for merging it anyway, perf summary, provenance and result hash.
+
+    Args:
+        accept_unjudged: the reviewer's reason for merging a result with SKIP verdicts (whitespace runs
+            become one space in the ``Accepted-unjudged-reason`` trailer).
+    """
+    skipped = unjudged_verdicts(result)
+    judged = f"accepted, not judged: {', '.join(v.guard for v in skipped)}" if skipped else "accepted"
     lines = [f"Merge {item.branch}: {result.task_id} candidate (review #{item.id})", "",
-             f"Approved by {reviewer}; accepted by the workbench guards on {result.device}.", "", "Evidence:"]
+             f"Approved by {reviewer}; {judged} by the workbench guards on {result.device}.", "", "Evidence:"]
     lines += [f"  {v.one_line()}" for v in result.verdicts]
+    if skipped:
+        lines += ["", f"Not judged (SKIP), merged on {reviewer}'s reason: {accept_unjudged}"]
+        lines += [f"  {v.guard}: {v.summary}" for v in skipped]
     if result.perf:
         lines += ["", "Speedup (baseline / candidate, as the result file reports it, with its CI):"]
         lines += [f"  {p.name:<14} {p.speedup:.3f}x CI [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}] {p.verdict}"
@@ -139,8 +215,11 @@ def merge_message(item: ReviewItem, result: RunResult, reviewer: str) -> str:
               f"Candidate-commit: {result.candidate.candidate_commit}",
               f"Result-file: {Path(item.result_path).name}",
               f"Result-sha256: {item.result_sha256}",
-              f"Reproduce: {result.command}", ""]
-    return "\n".join(lines)
+              f"Reproduce: {result.command}"]
+    if skipped:
+        lines += [f"Accepted-unjudged: {', '.join(v.guard for v in skipped)}",
+                  f"Accepted-unjudged-reason: {' '.join(str(accept_unjudged).split())}"]
+    return "\n".join(lines + [""])
 
 
 def refresh_staleness(store: ReviewStore, repo_root: Path, item: ReviewItem, *, who: str) -> tuple[ReviewItem, gitops.MergeCheck]:
@@ -162,25 +241,39 @@ def _stale_reason(item: ReviewItem, chk: gitops.MergeCheck) -> str:
             f"re-verify: workbench verify {item.task_id} --branch {item.branch} after rebasing.")
 
 
-def approve(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str) -> ReviewItem:
+def approve(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str,
+            accept_unjudged: str | None = None) -> ReviewItem:
     """Approve and merge: checks, ``queued -> approved``, merge, ``approved -> merged``.
 
     An item left ``approved`` by an interrupted merge can be approved again (the merge is redone,
     or recorded if the candidate is already in the target).
 
+    Args:
+        accept_unjudged: the reviewer's reason for merging a result with SKIP verdicts ("accepted, not
+            judged"); required for such a result, refused for a fully judged one. It goes into the
+            ``queued -> approved`` note and the merge commit.
+
     Returns:
         The item, now ``merged``, with ``merge_commit`` set.
 
     Raises:
-        ReviewError: wrong state, result file changed, a verdict not PASS, stale (the item becomes
-            ``stale``), or the merge conflicts or the target moved (repository untouched).
+        ReviewInputError: ``accept_unjudged`` is empty or blank, or given for a result every guard judged.
+        ReviewError: wrong state, result file changed, a verdict not PASS, a SKIP verdict without an
+            ``accept_unjudged`` reason (nothing changes), stale (the item becomes ``stale``), or the merge
+            conflicts or the target moved (repository untouched).
     """
+    if accept_unjudged is not None:
+        accept_unjudged = accept_unjudged.strip()
+        if not accept_unjudged:
+            raise ReviewInputError(f"Approving review item #{item_id} unjudged needs a reason; pass "
+                                   '--accept-unjudged "REASON" (why merging it without those verdicts is right).')
     root = Path(git.Repo(repo_root, search_parent_directories=True).working_dir)
     with git_lock(root):  # one approval at a time per repository: no double merge of one item
-        return _approve_locked(store, root, item_id, reviewer=reviewer)
+        return _approve_locked(store, root, item_id, reviewer=reviewer, accept_unjudged=accept_unjudged)
 
 
-def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str) -> ReviewItem:
+def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, reviewer: str,
+                    accept_unjudged: str | None) -> ReviewItem:
     item = store.get(item_id)
     if item.state not in (State.QUEUED.value, State.APPROVED.value):
         why = f" ({item.reason})" if item.reason else ""
@@ -189,6 +282,9 @@ def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, review
     refusal = verdict_refusal(result)
     if refusal:
         raise ReviewError(f"Review item #{item_id} cannot be approved: {refusal}.")
+    refusal = unjudged_refusal(item_id, result, accept_unjudged)
+    if refusal:
+        raise ReviewError(refusal)
     repo = git.Repo(repo_root)
     chk = gitops.check_merge(repo, item.target_branch, item.base_commit, item.candidate_commit)
     if item.state == State.APPROVED.value and repo.is_ancestor(item.candidate_commit, chk.target_head):
@@ -201,12 +297,14 @@ def _approve_locked(store: ReviewStore, repo_root: Path, item_id: int, *, review
                          State.STALE, who=reviewer, reason=reason)
         raise ReviewError(f"Review item #{item_id} is stale and was not merged: {reason}")
     if item.state == State.QUEUED.value:
+        unjudged = ", ".join(v.guard for v in unjudged_verdicts(result))
         store.transition(item_id, State.QUEUED, State.APPROVED, who=reviewer,
-                         note=f"approved for {item.target_branch} at {chk.target_head[:12]}")
+                         note=f"approved for {item.target_branch} at {chk.target_head[:12]}"
+                              + (f"; accepted unjudged ({unjudged}): {accept_unjudged}" if unjudged else ""))
     try:
         sha = gitops.merge_candidate_locked(Path(repo.working_dir), target_branch=item.target_branch,
                                      base_commit=item.base_commit, candidate_commit=item.candidate_commit,
-                                     message=merge_message(item, result, reviewer),
+                                     message=merge_message(item, result, reviewer, accept_unjudged),
                                      author=(reviewer, reviewer_email(Path(repo.working_dir), reviewer)))
     except ReviewError as exc:
         if "conflicts" in str(exc):

@@ -2,7 +2,9 @@
 
 Pages: ``/`` the queue; ``/items/{id}`` one candidate (task and declared scope, verdicts with
 evidence, perf table and speedup-vs-batch plot, the diff, the dispatch trace, the agent transcript,
-the reproduce command, approve/reject forms, the transition history). Forms POST to
+the reproduce command, approve/reject forms, the transition history). A result with SKIP verdicts
+("accepted, not judged") gets a banner naming each unjudged guard and why, its row in the queue says
+so, and its approve form needs an "accept unjudged" reason, which goes into the merge commit. Forms POST to
 ``/items/{id}/approve`` and ``/items/{id}/reject`` with a per-server token, so another web page
 open in the same browser cannot approve a merge. Errors (an unknown candidate or page, a bad form)
 are HTML pages with the status code, never JSON.
@@ -77,19 +79,29 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
         except ReviewError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
 
+    def judged(item) -> str:
+        """The queue's ``judged`` cell: the judgement label, or why the result file cannot be read."""
+        try:
+            return service.judgement_label(service.load_item_result(item))
+        except WorkbenchError as exc:
+            return "result file changed since submission" if "changed since submission" in str(exc) else (
+                "result file unreadable")
+
     @app.get("/", response_class=HTMLResponse)
     def queue(request: Request, state: str | None = None):
         states = [State(state)] if state in {s.value for s in State} else None
+        items = store.items(states)
         return templates.TemplateResponse(request, "queue.html", {
-            "items": store.items(states), "counts": store.counts(), "state": state,
-            "states": [s.value for s in State], "db": store.url})
+            "items": items, "judged": {it.id: judged(it) for it in items}, "counts": store.counts(),
+            "state": state, "states": [s.value for s in State], "db": store.url})
 
     @app.get("/items/{item_id}", response_class=HTMLResponse)
     def candidate(request: Request, item_id: int, msg: str | None = None, level: str = "ok"):
         item = item_or_404(item_id)
         ctx = {"item": item, "msg": msg, "level": level, "token": token, "reviewer": default_name,
                "problems": [], "result": None, "task": None, "diff": "", "diff_paths": (), "check": None,
-               "trace_summary": [], "trace": [], "transcript": None, "states": [s.value for s in State]}
+               "trace_summary": [], "trace": [], "transcript": None, "states": [s.value for s in State],
+               "unjudged": (), "unjudged_banner": None}
         try:
             result = service.load_item_result(item)
             ctx["result"] = result
@@ -116,6 +128,8 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
         refusal = service.verdict_refusal(result)
         if refusal:
             ctx["problems"].append(f"Cannot be approved: {refusal}.")
+        ctx["unjudged"] = service.unjudged_verdicts(result)
+        ctx["unjudged_banner"] = service.unjudged_banner(result)
         counter = collections.Counter((d.get("implementation", "?"), d.get("reason", "")) for d in result.dispatch_trace)
         ctx["trace_summary"] = sorted(counter.items(), key=lambda kv: -kv[1])
         ctx["trace"] = result.dispatch_trace[:TRACE_MAX_ROWS]
@@ -157,11 +171,15 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
         return RedirectResponse(f"/items/{item_id}?{urlencode({'msg': msg, 'level': level})}", status_code=303)
 
     @app.post("/items/{item_id}/approve")
-    def approve(item_id: int, reviewer: str = Form(""), token_: str = Form("", alias="token")):
+    def approve(item_id: int, reviewer: str = Form(""), token_: str = Form("", alias="token"),
+                accept_unjudged: str | None = Form(None)):
+        """``accept_unjudged``: the form's reason field, shown only for a result with SKIP verdicts; a blank
+        one counts as none given (the approval is refused and says a reason is needed)."""
         who = check_form(token_, reviewer)
         item_or_404(item_id)
         try:
-            item = service.approve(store, root, item_id, reviewer=who)
+            item = service.approve(store, root, item_id, reviewer=who,
+                                   accept_unjudged=(accept_unjudged or "").strip() or None)
         except ReviewError as exc:
             return back(item_id, str(exc), "error")
         return back(item_id, f"Merged into {item.target_branch} as {item.merge_commit[:12]}.", "ok")
