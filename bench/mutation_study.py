@@ -11,7 +11,7 @@ correctness passes, via ``workbench.pipeline.run_guards``) on ``--device cpu``, 
 - ``after``: the full correctness verdict of a real run (fixed workloads plus the random domain draws).
 
 A mutant no guard kills in ``after`` is probed: the mutant and the unmutated fixture run the same
-``--probe-draws`` random domain configurations (another seed) through the guard's child, and their
+fixed workloads plus ``--probe-draws`` random domain configurations (another seed, so other inputs) through the guard's child, and their
 outputs (and the inputs after each call) are compared bit for bit. Identical everywhere: "likely
 equivalent", left out of every denominator and listed for review. Otherwise the survivor is
 non-equivalent; the probe also says whether the guard's own check rejects it on the larger batch
@@ -352,6 +352,8 @@ class JudgeJob:
     chain: bool = True
     probe_draws: int = 64
     probe_seed: int = 0
+    deadline: float | None = None
+    """``time.time()`` after which no further mode of this job starts (``--budget-s``); ``None``: no limit."""
 
 def study_task(task, mode: str, *, child_timeout_s: float, probe_draws: int = 0):
     """The task spec a study mode judges with: ``before`` no random draws, ``after`` the task's own,
@@ -473,7 +475,9 @@ def _judge_mode(job: JudgeJob, mode: str) -> dict[str, Any]:
                 "cases": len(cases), "random_cases": sum(c["name"].startswith("random-") for c in cases),
             }
         guard = StudyCorrectness()
-        cases = [c for c in correctness_cases(task, ctx.seed) if c.name.startswith("random-")]
+        # the fixed workloads too: the child refuses a declared scope beyond what the run tests (a TP size
+        # no draw happens to use), and bits of the fixed configurations under another seed's inputs count as well
+        cases = correctness_cases(task, ctx.seed)
         by_name, failed, _, _ = guard._run(ctx, cases)
         rec: dict[str, Any] = {"probe_cases": len(cases), "probe_seed": ctx.seed}
         if failed is not None:
@@ -499,6 +503,9 @@ def judge(job: JudgeJob) -> dict[str, Any]:
             if mode != "probe":
                 out[mode] = {**out[killed_in], "inferred_from": killed_in, "wall_s": 0.0}
             continue
+        if job.deadline is not None and time.time() > job.deadline:
+            out[mode] = {"error": "not run: --budget-s reached before this mode started"}
+            break
         try:
             out[mode] = _judge_mode(job, mode)
         except Exception as exc:  # the study's own failure for this job: recorded, never hidden
@@ -533,7 +540,7 @@ def score(records: list[dict], mode: str) -> dict[str, Any]:
     """Kill fractions of one mode over non-equivalent mutants.
 
     Args:
-        records: per mutant ``{"class": survivor_class(...), mode: {"killed_by": guard|None,
+        records: per mutant ``{"class": survivor_class(...) or "not_run" (left out), mode: {"killed_by": guard|None,
             "kill_kind": "problem"|"raised"|"wrong"|"guard_error"|None}}``.
         mode: ``before`` or ``after``.
 
@@ -543,6 +550,7 @@ def score(records: list[dict], mode: str) -> dict[str, Any]:
         non-equivalent mutants), ``killed_fraction_without_trivial`` and ``by_guard_without_trivial`` (trivially
         killed mutants left out of numerator and denominator); ``None`` where the denominator is 0.
     """
+    records = [r for r in records if r["class"] != "not_run"]
     equivalent = [r for r in records if r["class"] == "likely_equivalent"]
     nonequiv = [r for r in records if r["class"] != "likely_equivalent"]
     killed = [r for r in nonequiv if r[mode].get("killed_by")]
@@ -592,29 +600,48 @@ def environment(args) -> dict[str, Any]:
     return env
 
 
-def _run_jobs(jobs: list[JudgeJob], n: int) -> list[dict]:
-    """Run ``jobs`` on ``n`` worker processes (spawned: no torch state forked); results in completion order."""
+def _run_jobs(jobs: list[JudgeJob], n: int, budget_s: float | None = None, log: Path | None = None) -> list[dict]:
+    """Run ``jobs`` on ``n`` worker processes (spawned: no torch state forked); results in completion order.
+
+    Jobs not started within ``budget_s`` seconds are cancelled and come back as ``{"key", "not_run": ...}``
+    (jobs already running finish). Each result is also appended to ``log`` (JSON lines) as it arrives.
+    """
     out: list[dict] = []
     t0 = time.monotonic()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
         futs = {pool.submit(judge, j): j for j in jobs}
-        for k, f in enumerate(concurrent.futures.as_completed(futs), 1):
-            j = futs[f]
-            try:
-                rec = f.result()
-            except Exception as exc:  # a worker died: recorded, never hidden
-                rec = {"key": j.key, "error": f"{type(exc).__name__}: {exc}"[:600]}
-            out.append(rec)
-            steps = []
-            for md in j.modes:
-                r = rec.get(md)
-                if r is None:
-                    continue
-                what = r.get("error") or r.get("killed_by") or r.get("status") or (
-                    f"{r.get('wrong_cases')} wrong" if md == "probe" else "survived")
-                steps.append(f"{md} {what} {r.get('wall_s', 0)}s" + (" (inferred)" if "inferred_from" in r else ""))
-            print(f"[{k}/{len(jobs)} {time.monotonic() - t0:6.1f}s] {j.key}: {'; '.join(steps)}", flush=True)
+        pending = set(futs)
+        cancelled = False
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=5, return_when=concurrent.futures.FIRST_COMPLETED)
+            if budget_s is not None and not cancelled and time.monotonic() - t0 > budget_s:
+                cancelled = True
+                for f in pending:
+                    f.cancel()
+            for f in done:
+                j = futs[f]
+                if f.cancelled():
+                    rec = {"key": j.key, "not_run": f"not started within --budget-s {budget_s}"}
+                else:
+                    try:
+                        rec = f.result()
+                    except Exception as exc:  # a worker died: recorded, never hidden
+                        rec = {"key": j.key, "error": f"{type(exc).__name__}: {exc}"[:600]}
+                out.append(rec)
+                if log is not None:
+                    with log.open("a") as fh:
+                        fh.write(json.dumps(rec, default=str) + "\n")
+                steps = []
+                for md in j.modes:
+                    r = rec.get(md)
+                    if r is None:
+                        continue
+                    what = r.get("error") or r.get("killed_by") or r.get("status") or (
+                        f"{r.get('wrong_cases')} wrong" if md == "probe" else "survived")
+                    steps.append(f"{md} {what} {r.get('wall_s', 0)}s" + (" (inferred)" if "inferred_from" in r else ""))
+                print(f"[{len(out)}/{len(jobs)} {time.monotonic() - t0:6.1f}s] {j.key}: "
+                      f"{'; '.join(steps) or rec.get('not_run') or rec.get('error')}", flush=True)
     return out
 
 
@@ -627,7 +654,7 @@ def run_study(args) -> dict[str, Any]:
     populations: dict[str, int] = {}
     jobs: list[JudgeJob] = []
     common = dict(seed=args.seed, child_timeout_s=args.child_timeout, probe_draws=args.probe_draws,
-                  probe_seed=args.seed + 1)
+                  probe_seed=args.seed + 1, deadline=None if args.budget_s is None else started + args.budget_s)
     for task_id in tasks:
         fx = fixture_dir(task_id)
         chosen, populations[task_id] = sample_mutants(task_id, fx, args.max_mutants, args.seed)
@@ -639,10 +666,17 @@ def run_study(args) -> dict[str, Any]:
         base_key = f"{task_id}#fixture"
         records[base_key] = {"key": base_key, "task": task_id, "fixture": str(fx.relative_to(REPO_ROOT))}
         jobs.append(JudgeJob(key=base_key, task_id=task_id, files={}, chain=False, **common))
-    # the slowest task's jobs first and each task's fixture first, so the pool's tail is short
-    order = {t: i for i, t in enumerate(("k3_allreduce_rmsnorm", "k3_dspark_verify", "k3_moe_dispatch"))}
-    jobs.sort(key=lambda j: (order.get(j.task_id, 9), not j.key.endswith("#fixture"), j.key))
-    for rec in _run_jobs(jobs, args.jobs):
+    # fixtures first, then the tasks round-robin (the distributed task's ranks spread over the run)
+    by_task = [[j for j in jobs if j.task_id == t] for t in tasks]
+    fixtures = [j for g in by_task for j in g if j.key.endswith("#fixture")]
+    rest = [g[i] for i in range(max(map(len, by_task), default=0)) for g in
+            [[j for j in g if not j.key.endswith("#fixture")] for g in by_task] if i < len(g)]
+    jobs = fixtures + rest
+    log = args.out_dir / "mutation_study_records.jsonl"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    for rec in _run_jobs(jobs, args.jobs, None if args.budget_s is None else args.budget_s - (time.time() - started),
+                         log):
         records[rec["key"]].update({k: v for k, v in rec.items() if k != "key"})
     per_task = {}
     for task_id in tasks:
@@ -651,14 +685,16 @@ def run_study(args) -> dict[str, Any]:
         muts = [r for k, r in records.items() if r["task"] == task_id and not k.endswith("#fixture")]
         for r in muts:
             for md in ("before", "after"):
-                r.setdefault(md, {"killed_by": None, "kill_kind": None, "error": r.get("error", "no result")})
+                r.setdefault(md, {"killed_by": None, "kill_kind": None, "error": r.get("error") or r.get("not_run")
+                                  or "no result"})
             pr = r.get("probe")
             if pr is not None and "digests" in pr:
                 digests = pr.pop("digests")
                 if base_digests is not None:
                     pr["bit_identical"], diff = same_probe(base_digests, digests)
                     pr["first_difference"] = diff or None
-            r["class"] = survivor_class(bool(r["after"].get("killed_by")), pr)
+            r["class"] = ("not_run" if any("error" in r[md] for md in ("before", "after"))
+                          else survivor_class(bool(r["after"].get("killed_by")), pr))
         base_ok = all((base.get(md) or {}).get("verdicts") and not (base.get(md) or {}).get("killed_by")
                       for md in ("before", "after"))
         per_task[task_id] = {
@@ -671,20 +707,27 @@ def run_study(args) -> dict[str, Any]:
             "before": score(muts, "before"), "after": score(muts, "after"),
             "after_inferred_from_before": sum("inferred_from" in r["after"] for r in muts),
             "classes": {c: sum(r["class"] == c for r in muts) for c in
-                        ("killed", "likely_equivalent", "differs_but_passes", "wrong_on_probe", "unprobed")},
+                        ("killed", "likely_equivalent", "differs_but_passes", "wrong_on_probe", "unprobed",
+                         "not_run")},
             "kill_kinds_after": {k: sum(r["after"].get("kill_kind") == k for r in muts)
                                  for k in ("wrong", "raised", "problem", "timeout", "guard_error")},
-            "study_errors": [r["key"] for r in muts if "error" in r["before"] or "error" in r["after"]
-                             or "error" in (r.get("probe") or {})],
+            "not_run": [f"{r['key']}: {r['after'].get('error') or r['before'].get('error')}" for r in muts
+                        if r["class"] == "not_run"],
+            "probe_errors": [r["key"] for r in muts if "error" in (r.get("probe") or {})],
         }
     mutants = [r for k, r in records.items() if not k.endswith("#fixture")]
+    valid = all(p["fixture_accepted_both_modes"] and not p["fixture_probe"].get("wrong_cases")
+                and "status" not in p["fixture_probe"] and "error" not in p["fixture_probe"] for p in per_task.values())
     return {
+        "valid": valid,
+        "validity": "every unmutated fixture passed correctness and activation in both modes and its probe"
+                    if valid else "VOID: an unmutated fixture failed a mode or its probe (see per_task.fixture_*)",
         "what": "mutation study of each task's good CPU fixture: fraction of non-equivalent mutants each guard kills, "
                 "before (fixed workloads only) and after (fixed workloads + run-time random domain draws)",
         "command": "python bench/mutation_study.py " + " ".join(sys.argv[1:]),
         "settings": {"tasks": tasks, "max_mutants": args.max_mutants, "seed": args.seed, "jobs": args.jobs,
                      "probe_draws": args.probe_draws, "probe_seed": args.seed + 1,
-                     "child_timeout_s": args.child_timeout, "device": "cpu", "guards": ["correctness", "activation"],
+                     "child_timeout_s": args.child_timeout, "budget_s": args.budget_s, "device": "cpu", "guards": ["correctness", "activation"],
                      "after_of_before_kills": "judged" if args.full_after else
                      "inferred (same seed: the fixed configurations and their inputs are the same in both modes)",
                      "shrinking": "skipped (report-only; never changes a verdict)"},
@@ -694,7 +737,7 @@ def run_study(args) -> dict[str, Any]:
         "per_task": per_task,
         "survivors": [{k: r.get(k) for k in ("key", "task", "path", "line", "col", "operator", "original",
                                               "replacement", "class")} | {"probe": r.get("probe")}
-                      for r in mutants if r["class"] != "killed"],
+                      for r in mutants if r["class"] not in ("killed", "not_run")],
         "mutants": mutants,
     }
 
@@ -712,12 +755,13 @@ def markdown(doc: dict) -> str:
         f"`{(env.get('commit') or '?')[:12]}`, seed {s['seed']}, at most {s['max_mutants']} mutants per task, "
         f"{s['jobs']} jobs, probe {s['probe_draws']} draws, child time limit {s['child_timeout_s']} s, device cpu; "
         f"wall {doc['wall_s']} s. Command: `{doc['command']}`.", "",
+        f"Validity: {doc['validity']}.", "",
         "Before: fixed workloads only. After: fixed workloads + the task's run-time random domain draws (same seed). "
         "Fractions are over non-equivalent mutants (likely-equivalent survivors left out); 'w/o trivial' leaves out "
         "mutants killed only by crashes, raising calls or timeouts.", "",
         "| task | sampled / population | likely equiv. | non-equiv. | correctness before | correctness after | "
-        "activation after | killed after | w/o trivial after | survivors (non-equiv.) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "activation after | killed after | w/o trivial after | survivors (non-equiv.) | not run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, p in doc["per_task"].items():
         b, a = p["before"], p["after"]
@@ -726,7 +770,8 @@ def markdown(doc: dict) -> str:
             f"{_pct(b['by_guard'].get('correctness', 0.0 if b['non_equivalent'] else None))} | "
             f"{_pct(a['by_guard'].get('correctness', 0.0 if a['non_equivalent'] else None))} | "
             f"{_pct(a['by_guard'].get('activation', 0.0 if a['non_equivalent'] else None))} | "
-            f"{_pct(a['killed_fraction'])} | {_pct(a['killed_fraction_without_trivial'])} | {a['survived']} |")
+            f"{_pct(a['killed_fraction'])} | {_pct(a['killed_fraction_without_trivial'])} | {a['survived']} | "
+            f"{p['classes']['not_run']} |")
     lines += ["", "## Survivors of 'after'", "", "| task | where | rewrite | class | probe |", "|---|---|---|---|---|"]
     for r in doc["survivors"]:
         pr = r.get("probe") or {}
@@ -746,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child-timeout", type=float, default=120.0, help="correctness child time limit (s) in the study")
     p.add_argument("--full-after", action="store_true",
                    help="judge 'after' for mutants 'before' killed too (default: inferred, the same fixed cases)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no judging, probe or job after this many seconds from the start (recorded as not run)")
     p.add_argument("--machine", default=platform.node() or "unknown", help="machine label recorded in the result")
     p.add_argument("--out-dir", type=Path, required=True, help="writes mutation_study.json and .md there")
     args = p.parse_args(argv)
@@ -759,6 +806,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out_dir / "mutation_study.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (args.out_dir / "mutation_study.md").write_text(markdown(doc))
     print(markdown(doc))
+    if not doc["valid"]:
+        print(doc["validity"], file=sys.stderr)
+        return 1
     return 0
 
 
