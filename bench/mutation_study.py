@@ -604,7 +604,8 @@ def _run_jobs(jobs: list[JudgeJob], n: int, budget_s: float | None = None, log: 
     """Run ``jobs`` on ``n`` worker processes (spawned: no torch state forked); results in completion order.
 
     Jobs not started within ``budget_s`` seconds are cancelled and come back as ``{"key", "not_run": ...}``
-    (jobs already running finish). Each result is also appended to ``log`` (JSON lines) as it arrives.
+    (jobs already running finish). Each result (without probe digests) is also appended to ``log`` (JSON
+    lines, ``mutation_study_records.jsonl``: what a run cut short still leaves) as it arrives.
     """
     out: list[dict] = []
     t0 = time.monotonic()
@@ -631,7 +632,9 @@ def _run_jobs(jobs: list[JudgeJob], n: int, budget_s: float | None = None, log: 
                 out.append(rec)
                 if log is not None:
                     with log.open("a") as fh:
-                        fh.write(json.dumps(rec, default=str) + "\n")
+                        slim = {k: ({kk: vv for kk, vv in v.items() if kk != "digests"} if isinstance(v, dict) else v)
+                                for k, v in rec.items()}  # the probe's digests stay in memory only
+                        fh.write(json.dumps(slim, default=str) + "\n")
                 steps = []
                 for md in j.modes:
                     r = rec.get(md)
