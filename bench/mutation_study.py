@@ -367,9 +367,12 @@ def study_task(task, mode: str, *, child_timeout_s: float, probe_draws: int = 0)
 
 
 def _checkout(job: JudgeJob, tmp: Path) -> Path:
-    """A private candidate checkout: the trusted ``k3_model/``, the fixture over it, then ``job.files``."""
+    """A private candidate checkout: the trusted ``k3_model/`` and ``kernels/`` (the guard child imports the
+    harness's ``kernels.timing`` from the worktree, as in a real candidate's checkout), the fixture over
+    it, then ``job.files``."""
     wt = tmp / "wt"
-    shutil.copytree(REPO_ROOT / "k3_model", wt / "k3_model", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("k3_model", "kernels"):
+        shutil.copytree(REPO_ROOT / pkg, wt / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(fixture_dir(job.task_id), wt, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     for rel, text in job.files.items():
         (wt / rel).write_text(text, encoding="utf-8")
