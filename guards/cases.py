@@ -461,7 +461,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
                                            "invariance": inv})
         if still_fails(cand):
             axes, params, regime, pair = a, p, r, inv
-            steps.append(what + (f" (without the {workload.invariance} pair)" if workload.invariance and not inv else ""))
+            steps.append(what)
             return True
         return False
 
