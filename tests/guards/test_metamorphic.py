@@ -313,23 +313,29 @@ FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-weights-depend-on-batc
 
 @pytest.mark.slow
 def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project_repo, monkeypatch):
+    """The guard run directly (not through the pipeline, which pools judgings of the same content)."""
+    from guards.base import GuardContext
     from guards.isolation import IsolationGuard
-    from workbench.pipeline import judge_candidate
+    from guards.verdict import Status
     from workbench.worktree import create_candidate
 
     task = load_task(project_repo, "k3_moe_dispatch")
     cand = create_candidate(project_repo, task.task_id, str(project_repo / FIXTURE))
-    result, _ = judge_candidate(project_repo, task, cand, device="cpu", seed=11,
-                                guards=[IsolationGuard(), CorrectnessGuard()])
-    v = result.first_failure()
-    assert v is not None and v.guard == "correctness", [x.one_line() for x in result.verdicts]
-    failed = [c for c in result.cases if not c.passed]
-    assert failed and all(m.startswith("[metamorphic token_permutation] topk_weights[")
-                          for c in failed for m in c.mismatches), [c.mismatches for c in failed]
-    assert "[metamorphic token_permutation]" in v.summary
+
+    def judge():
+        ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
+                           candidate_commit=cand.candidate_commit, device="cpu", seed=11)
+        assert IsolationGuard().check(ctx).status is Status.PASS
+        return CorrectnessGuard().check(ctx), ctx.artifacts["cases"]
+
+    v, cases = judge()
+    assert v.status is Status.FAIL, v.one_line()
+    failed = [c for c in cases if not c["passed"]]
+    assert failed and all(c["name"].startswith("random-") for c in failed)
+    assert all(m.startswith("[metamorphic token_permutation] topk_weights[") for c in failed for m in c["mismatches"]), failed
+    assert "[metamorphic token_permutation] topk_weights[" in v.summary and "the pair allows rtol 1e-06" in v.summary
+    assert next(e for e in v.evidence if e.name == "metamorphic_pairs").value >= 8
     # the same candidate with the pair switched off: every call is within the reference tolerance
     monkeypatch.setattr(CorrectnessGuard, "_relation_lines", staticmethod(lambda *a, **k: []))
-    cand = create_candidate(project_repo, task.task_id, str(project_repo / FIXTURE))
-    result, _ = judge_candidate(project_repo, task, cand, device="cpu", seed=11,
-                                guards=[IsolationGuard(), CorrectnessGuard()])
-    assert result.first_failure() is None and all(c.passed for c in result.cases), [x.one_line() for x in result.verdicts]
+    v, cases = judge()
+    assert v.status is Status.PASS and all(c["passed"] for c in cases), v.one_line()
