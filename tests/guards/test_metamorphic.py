@@ -339,3 +339,50 @@ def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project
     monkeypatch.setattr(CorrectnessGuard, "_relation_lines", staticmethod(lambda *a, **k: []))
     v, cases = judge()
     assert v.status is Status.PASS and all(c["passed"] for c in cases), v.one_line()
+
+
+# --- the bad fixtures the pairs alone catch, called in-process on one pair (cheap, no child) ---
+
+def _fixture_module(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_fx_{Path(path).parent.name}", REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_moe_position_dependent_weights_pass_the_reference_and_break_the_pair():
+    from guards.cases import output_specs
+
+    task = _task("k3_moe_dispatch")
+    fx = _fixture_module(FIXTURE + "/k3_model/kernels/moe_dispatch/__init__.py")
+    ref = load_task_module(task, "reference")
+    w = task.workload("k3_t33").model_copy(update={"name": "random-0-realistic", "invariance": "token_permutation"})
+    c = build_case(task, w, 4)
+    got = []
+    for inputs in (c.inputs_a, c.inputs_b):
+        outs = {k: torch.empty(s["shape"], dtype=getattr(torch, s["dtype"])) for k, s in output_specs(task, w.axes).items()}
+        fx.moe_route_dispatch(**{k: v.clone() for k, v in inputs.items()}, **c.kwargs, **outs)
+        assert ref.check(inputs, c.kwargs, outs, _ref(task, inputs, c.kwargs), task.correctness.tolerance) == []
+        got.append(outs)
+    lines = _relation(task, c, *got)
+    assert lines and all(m.startswith("topk_weights[") for m in lines), lines
+
+
+def test_allreduce_position_dependent_rounding_passes_the_reference_and_breaks_the_pair():
+    task = _task("k3_allreduce_rmsnorm")
+    fx = _fixture_module("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
+                         "/k3_model/kernels/allreduce_rmsnorm/__init__.py")
+    ref = load_task_module(task, "reference")
+    w = task.workload(next(w.name for w in task.correctness.workloads if w.axes["W"] == 1 and w.axes["T"] >= 4))
+    c = build_case(task, w.model_copy(update={"name": "random-0-realistic", "invariance": "token_permutation"}), 4)
+    got = []
+    for inputs in (c.inputs_a, c.inputs_b):
+        x, r = inputs["x"][0].clone(), inputs["residual"].clone()
+        fx.allreduce_add_rmsnorm(x, r, inputs["weight"].clone(), eps=c.kwargs["eps"])
+        outs = {"x": x, "residual": r}
+        assert ref.check(inputs, c.kwargs, outs, _ref(task, inputs, c.kwargs), task.correctness.tolerance) == []
+        got.append(outs)
+    lines = _relation(task, c, *got)
+    assert len(lines) == 1 and lines[0].startswith("x[") and "rows differ (bitwise)" in lines[0], lines
