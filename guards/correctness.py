@@ -136,18 +136,22 @@ class CorrectnessGuard:
 
     name = "correctness"
 
-    def _run(self, ctx: GuardContext, cases: list[Case], ref=None):
+    def _run(self, ctx: GuardContext, cases: list[Case], ref=None, tp_sizes: list[int] | None = None):
         """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, outcome).
 
         A distributed task runs one world size after the other, smallest first; with ``ref`` (the task's
         reference module) a world size with a wrong case ends the run there, and the larger world sizes
         are not run (their cases are absent from the results): the first failure decides, as the first
         FAIL stops the pipeline, and the children of the larger groups cost the most.
+
+        ``tp_sizes``: the world sizes the child's early scope check compares the kernel's declared scope
+        with (default: those of ``cases``); a shrinking run of one configuration passes the whole
+        run's, so a kernel claiming TP sizes the verdict tested is not refused there.
         """
         task = ctx.task
         base = {"mode": "correctness", "target": task.target, "op": task.op, "device": ctx.device,
                 "decode_backend": "latency_specialized",
-                "scope_limits": scope_limits(task, ctx.device, sorted({c.world_size for c in cases}))}
+                "scope_limits": scope_limits(task, ctx.device, tp_sizes or sorted({c.world_size for c in cases}))}
         results: dict[str, list[dict]] = {}
         duration = 0.0
         if task.distributed is None:
@@ -263,10 +267,12 @@ class CorrectnessGuard:
             out += [f"{tag}[metamorphic {twin.invariance}] {m}" for m in lines]
         return out
 
-    def _shrink(self, ctx: GuardContext, ref, case: Case) -> ShrinkResult:
+    def _shrink(self, ctx: GuardContext, ref, case: Case, tp_sizes: list[int]) -> ShrinkResult:
         """The smallest configuration near a failing random draw that still fails (issue 19: a minimal
         failing case in the report). Each try is one child run of one configuration; a child that
-        crashes or times out on it counts as failing there too.
+        crashes or times out on it counts as failing there too. ``tp_sizes``: the world sizes of the whole
+        run (the child's early scope check of a one-configuration try compares with those: a kernel
+        declaring TP 1-8 is not refused on a TP 1 try, which would read as "still fails").
 
         Source: ``guards.cases.shrink`` (the search), :data:`SHRINK_CHILD_RUNS`, :data:`SHRINK_BUDGET_S`.
         """
@@ -280,7 +286,7 @@ class CorrectnessGuard:
             tried += 1
             progress.phase(f"shrinking {case.name}: try {tried} of at most {SHRINK_CHILD_RUNS}")
             c = build_case(ctx.task, w, ctx.seed)
-            by_name, failed, _, _ = self._run(ctx, [c])
+            by_name, failed, _, _ = self._run(ctx, [c], tp_sizes=tp_sizes)
             if failed is not None:
                 return True
             return bool(self._judge_case(ctx.task, ref, c, by_name.get(c.name) or [])[0])
@@ -359,7 +365,7 @@ class CorrectnessGuard:
             shrunk = ""
             if task.domain is not None and all(c.name.startswith("random-") for c, _ in failures):
                 # only random draws fail: their configuration is arbitrary, so find a smaller one
-                sr = self._shrink(ctx, ref, case)
+                sr = self._shrink(ctx, ref, case, planned_tp)
                 w = sr.workload
                 where = f"{dict(w.axes)} {dict(w.params)} regime {w.case}"
                 ev.append(Evidence(name="shrunk", value=where, path="; ".join(sr.steps) or "no smaller failing "

@@ -386,3 +386,31 @@ def test_allreduce_position_dependent_rounding_passes_the_reference_and_breaks_t
         got.append(outs)
     lines = _relation(task, c, *got)
     assert len(lines) == 1 and lines[0].startswith("x[") and "rows differ (bitwise)" in lines[0], lines
+
+
+ALLREDUCE_FIXTURE = "tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
+
+
+@pytest.mark.slow
+def test_position_dependent_rounding_fails_the_pair_and_shrinks_within_it(project_repo):
+    """Caught at TP 1 by the pair; the shrinker stays where the pair applies (T >= 2): a one-token try,
+    without the pair, passes, and a try whose TP size is below the kernel's declared ones is not
+    refused by the child's early scope check (which once read as "still fails" down to T = 1, D = 1)."""
+    from guards.base import GuardContext
+    from guards.isolation import IsolationGuard
+    from guards.verdict import Status
+    from workbench.worktree import create_candidate
+
+    task = load_task(project_repo, "k3_allreduce_rmsnorm")
+    cand = create_candidate(project_repo, task.task_id, str(project_repo / ALLREDUCE_FIXTURE))
+    ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
+                       candidate_commit=cand.candidate_commit, device="cpu", seed=11)
+    assert IsolationGuard().check(ctx).status is Status.PASS
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL and "[metamorphic token_permutation] x[" in v.summary, v.one_line()
+    failed = [c for c in ctx.artifacts["cases"] if not c["passed"]]
+    assert failed and all(m.startswith("[rank") or m.startswith("[metamorphic token_permutation]")
+                          for c in failed for m in c["mismatches"]), failed
+    shrunk = next(e for e in v.evidence if e.name == "shrunk")
+    t = int(shrunk.value.split("'T': ")[1].split(",")[0])
+    assert t >= 2, shrunk
