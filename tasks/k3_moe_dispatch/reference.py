@@ -468,13 +468,14 @@ def canonical(outputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) ->
 # Metamorphic relations (task.toml [domain.invariances]; issue 19 item 2): the candidate's outputs on a
 # transformed twin against its own outputs on the original, not against this reference.
 
-PAIR_W_RTOL = 1e-6
-"""Relative gap allowed between one token's weights on the original and on the twin (about 16 fp32 ulp).
+PAIR_W_RTOL = 2e-6
+"""Relative gap allowed between one token's weights on the original and on the twin (about 34 fp32 ulp).
 
-Ten times tighter than the reference's rtol 1e-5: a correct kernel computes the same token's weights
+Five times tighter than the reference's rtol 1e-5: a correct kernel computes the same token's weights
 with the same arithmetic wherever it sits in the batch, except that vectorised code may round the last
 elements of a buffer on a scalar path: torch 2.13's CPU sigmoid at T=33, E=60 differs by 1 ulp in the
-last row's tail once the rows are permuted (measured for issue 19), which moves a weight by a few ulp."""
+last row's tail once the rows are permuted (measured for issue 19), which moves a weight by a few ulp;
+a renormalising sum of K <= 32 weights added in another order moves it by at most K ulp (2e-6)."""
 PAIR_W_ATOL = 1e-9
 """Absolute gap allowed on top (weights of experts with denormal scores, whose ulp is coarse relative)."""
 PAIR_MAX_LINES = 6

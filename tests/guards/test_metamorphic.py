@@ -201,14 +201,14 @@ def test_moe_permutation_relation_catches_a_weight_that_moved_within_the_referen
     task, c, a, b = _moe_pair("token_permutation")
     perm = c.twin.info["perm"]
     i = next(i for i, j in enumerate(perm) if bool(c.inputs_a["token_valid"][j]))
-    b["topk_weights"][i, 0] *= 1 + 4e-6  # inside rtol 1e-5: the reference check accepts it
+    b["topk_weights"][i, 0] *= 1 + 8e-6  # inside rtol 1e-5: the reference check accepts it
     ref = load_task_module(task, "reference")
     assert ref.check(c.inputs_b, c.kwargs, b, _ref(task, c.inputs_b, c.kwargs), task.correctness.tolerance) == []
     lines = _relation(task, c, a, b)
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"topk_weights[{i}] of the twin, expert {int(b['topk_ids'][i, 0])}, twin row {i} "
                                f"(token {perm[i]} of the original): expected ")
-    assert "the pair allows rtol 1e-06" in lines[0]
+    assert "the pair allows rtol 2e-06" in lines[0]
 
 
 def test_moe_permutation_relation_catches_other_experts_and_a_moved_segment():
@@ -238,7 +238,7 @@ def test_moe_permutation_relation_catches_other_experts_and_a_moved_segment():
 
 def test_moe_bias_shift_relation_names_the_shift():
     task, c, a, b = _moe_pair("bias_shift")
-    b["topk_weights"][0, 0] *= 1 + 4e-6
+    b["topk_weights"][0, 0] *= 1 + 8e-6
     lines = _relation(task, c, a, b)
     assert len(lines) == 1 and f"bias shifted by {c.twin.info['shift']:g}" in lines[0], lines
 
@@ -282,7 +282,7 @@ def test_guard_fails_a_broken_pair_that_the_reference_check_accepts():
     ref = load_task_module(task, "reference")
     guard = CorrectnessGuard()
     assert guard._judge_case(task, ref, c, _ranks(a, b, c.inputs_a, c.inputs_b))[0] == []  # honest: consistent
-    b["topk_weights"][0] *= 1 + 4e-6
+    b["topk_weights"][0] *= 1 + 8e-6
     mism = guard._judge_case(task, ref, c, _ranks(a, b, c.inputs_a, c.inputs_b))[0]
     assert len(mism) == 1 and mism[0].startswith("[metamorphic token_permutation] topk_weights[0] of the twin"), mism
     # a pair whose second call raised is that call's mismatch, not the relation's
@@ -333,7 +333,7 @@ def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project
     failed = [c for c in cases if not c["passed"]]
     assert failed and all(c["name"].startswith("random-") for c in failed)
     assert all(m.startswith("[metamorphic token_permutation] topk_weights[") for c in failed for m in c["mismatches"]), failed
-    assert "[metamorphic token_permutation] topk_weights[" in v.summary and "the pair allows rtol 1e-06" in v.summary
+    assert "[metamorphic token_permutation] topk_weights[" in v.summary and "the pair allows rtol 2e-06" in v.summary
     assert next(e for e in v.evidence if e.name == "metamorphic_pairs").value >= 8
     # the same candidate with the pair switched off: every call is within the reference tolerance
     monkeypatch.setattr(CorrectnessGuard, "_relation_lines", staticmethod(lambda *a, **k: []))
