@@ -54,6 +54,21 @@ def load_task_module(task: TaskSpec, name: str) -> ModuleType:
     return mod
 
 
+@dataclasses.dataclass(frozen=True)
+class Twin:
+    """The metamorphic pair of a case: its second call's inputs are ``transform(inputs_a)``.
+
+    Attributes:
+        invariance: the ``[domain.invariances]`` entry (its name).
+        relation: the name of the relation function in the task's ``reference.py``.
+        info: what the transform returned for the relation (plain data: a permutation, a shift).
+    """
+
+    invariance: str
+    relation: str
+    info: dict[str, Any]
+
+
 @dataclasses.dataclass
 class Case:
     """One concrete configuration with its inputs.
@@ -61,9 +76,11 @@ class Case:
     Attributes:
         workload: the workload it came from (for random draws: a copy with the batch redrawn).
         inputs_a: inputs for the first and third call.
-        inputs_b: other inputs of the same shapes for the second call (buffers reused).
+        inputs_b: other inputs of the same shapes for the second call (buffers reused): an independent
+            draw, or the transformed twin of ``inputs_a`` when ``twin`` is set.
         kwargs: scalar op arguments (params + axis_params).
         output_specs: name -> {shape, dtype, poison}.
+        twin: the metamorphic pair (``None``: ``inputs_b`` is an independent draw).
     """
 
     workload: WorkloadSpec
@@ -74,6 +91,7 @@ class Case:
 
     world_size: int = 1
     per_rank: tuple[str, ...] = ()
+    twin: Twin | None = None
 
     @property
     def name(self) -> str:
@@ -319,19 +337,37 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[
     return out
 
 
+def invariance_applies(dom: DomainSpec, name: str, axes: dict[str, int], params: dict[str, Any], regime: str) -> bool:
+    """Whether the checked invariance ``name`` (a metamorphic pair) applies to a configuration: it has
+    a transform, the regime is among its ``regimes`` (any when empty) and its ``requires`` holds."""
+    inv = dom.invariances.get(name)
+    if inv is None or not inv.checked or (inv.regimes and regime not in inv.regimes):
+        return False
+    return not inv.requires or eval_constraint(inv.requires, {**axes, **params})
+
+
 def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     """``correctness.random_draws`` workloads drawn at run time.
 
     With a ``[domain]``: every axis, param and input regime drawn by :func:`domain_draws`; each
     workload is named ``random-<i>-<regime>`` and carries its axes, params and regime (``case``).
-    Without one: a ``random_template`` workload with the batch axis redrawn uniformly in
-    ``[scope.batch_min, scope.batch_max]``.
+    Every draw that a checked invariance (``[domain.invariances]`` with transform and relation)
+    applies to gets one as its metamorphic pair (``invariance``): among those that apply, the one
+    given to the fewest draws so far (declared order on a tie), so the pairs alternate.
+    Without a domain: a ``random_template`` workload with the batch axis redrawn uniformly in
+    ``[scope.batch_min, scope.batch_max]`` (no pairs).
     """
     if task.domain is not None:
+        dom = task.domain
+        used = {n: 0 for n, inv in dom.invariances.items() if inv.checked}
         out = []
         for i, (axes, params, regime) in enumerate(domain_draws(task, seed)):
+            fits = [n for n in used if invariance_applies(dom, n, axes, params, regime)]
+            inv = min(fits, key=lambda n: used[n]) if fits else ""
+            if inv:
+                used[inv] += 1
             out.append(WorkloadSpec(name=f"random-{i}-{regime.replace('_', '-')}", axes=axes, params=params, case=regime,
-                                    phase=task.scope.phases[0], note="drawn from [domain] at run time"))
+                                    phase=task.scope.phases[0], invariance=inv, note="drawn from [domain] at run time"))
         return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
     templates = [w for w in task.correctness.workloads if w.random_template]
@@ -385,7 +421,9 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     then every param (toward its first choice or first realistic value). A simpler candidate is kept
     when it meets the domain's constraints, cost constraints and the regime's ``requires`` and
     ``still_fails`` returns True for it; no candidate is asked twice. The result never fails less than the input: it is either
-    the input or a candidate the predicate confirmed.
+    the input or a candidate the predicate confirmed. A workload's metamorphic pair (``invariance``)
+    goes along to every candidate it still applies to (:func:`invariance_applies`), and is dropped
+    from the others (a relation that broke then no longer fails there, so the shrinker keeps it).
 
     Args:
         task: a task with a ``[domain]``.
@@ -404,21 +442,25 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     if dom is None:
         raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; shrinking works over the domain.")
     axes, params, regime = dict(workload.axes), dict(workload.params), workload.case
+    pair = workload.invariance
     steps: list[str] = []
     calls = 0
 
     asked: set[str] = set()
 
     def attempt(a: dict, p: dict, r: str, what: str) -> bool:
-        nonlocal calls, axes, params, regime
+        nonlocal calls, axes, params, regime, pair
         key = repr((sorted(a.items()), sorted(p.items()), r))
         if calls >= max_calls or key in asked or r not in dom.regimes or not _legal(dom, a, p, r):
             return False
         asked.add(key)
         calls += 1
-        cand = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": a, "params": p, "case": r})
+        # the metamorphic pair goes along where it applies (a permutation of one token does not)
+        inv = workload.invariance if workload.invariance and invariance_applies(dom, workload.invariance, a, p, r) else ""
+        cand = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": a, "params": p, "case": r,
+                                           "invariance": inv})
         if still_fails(cand):
-            axes, params, regime = a, p, r
+            axes, params, regime, pair = a, p, r, inv
             steps.append(what)
             return True
         return False
@@ -447,21 +489,76 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     if not steps:
         return ShrinkResult(workload, (), calls)
     w = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": axes, "params": params, "case": regime,
-                                    "note": f"shrunk from {workload.name}: " + "; ".join(steps)})
+                                    "invariance": pair, "note": f"shrunk from {workload.name}: " + "; ".join(steps)})
     return ShrinkResult(w, tuple(steps), calls)
 
 
-def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
-    """Inputs (two independent draws) and output specs for one workload.
-
-    Raises:
-        TaskSpecError: ``make_inputs`` fails or returns tensors that do not match the task's inputs.
-    """
+def _check_drawn(task: TaskSpec, w: WorkloadSpec, inp: Any, what: str) -> None:
     import torch
 
+    for name, spec in task.inputs.items():
+        t = inp.get(name) if isinstance(inp, dict) else None
+        shape = tuple(eval_dim(d, w.axes) for d in spec.shape)
+        if spec.per_rank:
+            shape = (task.world_size(w), *shape)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != getattr(torch, spec.dtype):
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TaskSpecError(
+                f"Task {task.task_id!r}: {what} for workload {w.name!r} returned input {name!r} as "
+                f"{got}; expected {shape} {spec.dtype}."
+            )
+
+
+def _twin(task: TaskSpec, w: WorkloadSpec, inputs_a: dict[str, Any], seed: int) -> tuple[dict[str, Any], Twin]:
+    """The transformed twin of ``inputs_a`` for workload ``w``'s metamorphic pair.
+
+    Raises:
+        TaskSpecError: the invariance is unknown or unchecked, its transform (``inputs.py``) or relation
+            (``reference.py``) function is missing, the transform fails, or it returns other names,
+            shapes or dtypes than the inputs, or ``info`` that is not a dict.
+    """
+    dom = task.domain
+    inv = dom.invariances.get(w.invariance) if dom is not None else None
+    if inv is None or not inv.checked:
+        raise TaskSpecError(f"Task {task.task_id!r}: workload {w.name!r} names invariance {w.invariance!r}, which is "
+                            "not a [domain.invariances] entry with a transform and a relation.")
+    for mod_name, fn_name in (("inputs", inv.transform), ("reference", inv.relation)):
+        if not callable(getattr(load_task_module(task, mod_name), fn_name, None)):
+            raise TaskSpecError(f"Task {task.task_id!r}: invariance {w.invariance!r} names {fn_name!r}, which is not a "
+                                f"function of tasks/{task.task_id}/{mod_name}.py; define it or fix the name in task.toml.")
+    fn = getattr(load_task_module(task, "inputs"), inv.transform)
+    try:
+        twin, info = fn({k: v.clone() for k, v in inputs_a.items()}, dict(w.axes), dict(op_kwargs(task, w)),
+                        _derive_seed(seed, w.name, "twin", repr(sorted(w.axes.items()))))
+    except Exception as exc:
+        raise TaskSpecError(f"Task {task.task_id!r}: inputs.{inv.transform} (invariance {w.invariance!r}) failed for "
+                            f"workload {w.name!r}: {type(exc).__name__}: {exc}") from exc
+    _check_drawn(task, w, twin, f"inputs.{inv.transform} (invariance {w.invariance!r})")
+    if not isinstance(info, dict):
+        raise TaskSpecError(f"Task {task.task_id!r}: inputs.{inv.transform} returned info of type {type(info).__name__}; "
+                            "expected a dict of plain data (the relation's arguments).")
+    return {k: twin[k].contiguous() for k in task.inputs}, Twin(w.invariance, inv.relation, info)
+
+
+def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
+    """Inputs (two independent draws, or a draw and its transformed twin) and output specs for one workload.
+
+    With ``w.invariance`` (a metamorphic pair) the second call's inputs are the invariance's
+    ``transform`` of the first draw (:func:`_twin`) and the case carries a :class:`Twin`; otherwise
+    they are a second independent draw.
+
+    Raises:
+        TaskSpecError: ``make_inputs`` or the transform fails or returns tensors that do not match the
+            task's inputs.
+    """
     inputs_mod = load_task_module(task, "inputs")
     draws = []
+    twin: Twin | None = None
     for part in ("a", "b"):
+        if part == "b" and w.invariance:
+            twin_inputs, twin = _twin(task, w, draws[0], seed)
+            draws.append(twin_inputs)
+            break
         s = _derive_seed(seed, w.name, part, repr(sorted(w.axes.items())))
         try:
             inp = inputs_mod.make_inputs(dict(w.axes), s, w.case)
@@ -470,21 +567,11 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
                 f"Task {task.task_id!r}: inputs.make_inputs failed for workload {w.name!r} "
                 f"(case {w.case!r}): {type(exc).__name__}: {exc}"
             ) from exc
-        for name, spec in task.inputs.items():
-            t = inp.get(name)
-            shape = tuple(eval_dim(d, w.axes) for d in spec.shape)
-            if spec.per_rank:
-                shape = (task.world_size(w), *shape)
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != getattr(torch, spec.dtype):
-                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise TaskSpecError(
-                    f"Task {task.task_id!r}: make_inputs for workload {w.name!r} returned input {name!r} as "
-                    f"{got}; expected {shape} {spec.dtype}."
-                )
+        _check_drawn(task, w, inp, "make_inputs")
         draws.append({k: inp[k].contiguous() for k in task.inputs})
     per_rank = tuple(k for k, spec in task.inputs.items() if spec.per_rank)
     return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes),
-                world_size=task.world_size(w), per_rank=per_rank)
+                world_size=task.world_size(w), per_rank=per_rank, twin=twin)
 
 
 def perf_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, j: int) -> dict[str, Any]:

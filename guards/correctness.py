@@ -9,6 +9,16 @@ task's ``check`` (or per-output tolerances when the task has none). When the ker
 shapes (``OpScope.shapes``), every random draw outside them (run by the standard path) gets a
 counterpart moved inside them, run in a second child (:mod:`guards.scope_shapes`).
 
+Metamorphic pairs (issue 19 item 2): a random draw that a checked ``[domain.invariances]`` entry
+applies to gets, as its second call's data, the transformed twin of its first draw (a permutation
+of the batch, a bias shift), so the pair costs no extra call; besides the reference on both, the
+task's ``relation`` compares the candidate's outputs on the twin with its own outputs on the
+original (``_relation_lines``). That catches what a tolerance accepts on each call alone (a choice
+among ties, a rounding that depends on the batch position). The twin is the second call's data, so
+for an invariance whose outputs equal the original's (the bias shift) that case no longer catches an
+output cache keyed by buffer address; the fixed workloads and the other draws (independent data, or
+a permutation, whose outputs move) still do, and the audit guard looks for such caches too.
+
 Source: issue 2 guard 2; DESIGN.md "Trust model".
 """
 
@@ -286,6 +296,8 @@ class CorrectnessGuard:
                     mism += [f"{label} {m}" for m in lines]
             if case.world_size == 1:
                 mism += graph_mismatches(task, ref, case, ranks[0], want_b, device)
+            if case.twin is not None:
+                mism += self._relation_lines(task, ref, case, ranks)
             for i in range(3):
                 for out in identical:
                     ref_bits = ranks[0]["calls"][i].get("outputs", {}).get(out)
@@ -296,10 +308,38 @@ class CorrectnessGuard:
                             break
         return mism, impls, call_traces
 
+    @staticmethod
+    def _relation_lines(task, ref, case: Case, ranks: list[dict]) -> list[str]:
+        """The metamorphic pair of one case: the candidate's outputs on the twin (second call) against its
+        own outputs on the original (first call), through the task's relation, per rank.
+
+        Each line reads ``[rank r][metamorphic <invariance>] <what the relation says>``; nothing when a
+        call of the pair raised (that is a mismatch already). A relation that raises is a broken task,
+        not a candidate's fault: the exception propagates (the guard ERRORs).
+
+        Source: issue 19 item 2 ("metamorphic pairs: input and its transformed twin, compared by the
+        invariance"); ``guards.cases.Twin``; the task's ``[domain.invariances]``.
+        """
+        twin = case.twin
+        relation = getattr(ref, twin.relation)
+        out = []
+        for rank, rc in enumerate(ranks):
+            first, second = rc["calls"][0], rc["calls"][1]
+            if first.get("error") or second.get("error"):
+                continue
+            tag = f"[rank {rank}]" if case.world_size > 1 else ""
+            lines = relation({k: v.clone() for k, v in case.inputs_a.items()}, first.get("outputs", {}),
+                             {k: v.clone() for k, v in case.inputs_b.items()}, second.get("outputs", {}),
+                             dict(twin.info), dict(case.kwargs), task.correctness.tolerance)
+            out += [f"{tag}[metamorphic {twin.invariance}] {m}" for m in lines]
+        return out
+
     def _shrink(self, ctx: GuardContext, ref, case: Case, tp_sizes: list[int]) -> ShrinkResult:
         """The smallest configuration near a failing random draw that still fails (issue 19: a minimal
         failing case in the report). Each try is one child run of one configuration; a child that
-        crashes or times out on it counts as failing there too.
+        crashes or times out on it counts as failing there too. ``tp_sizes``: the world sizes of the whole
+        run (the child's early scope check of a one-configuration try compares with those: a kernel
+        declaring TP 1-8 is not refused on a TP 1 try, which would read as "still fails").
 
         Source: ``guards.cases.shrink`` (the search), :data:`SHRINK_CHILD_RUNS`, :data:`SHRINK_BUDGET_S`.
         """
@@ -385,6 +425,12 @@ class CorrectnessGuard:
         ctx.artifacts["traces"] = traces
         ctx.artifacts["case_objects"] = cases
         n = len(cases)
+        pairs: dict[str, int] = {}
+        for c in cases:
+            if c.twin is not None:
+                pairs[c.twin.invariance] = pairs.get(c.twin.invariance, 0) + 1
+        pairs_ev = (Evidence(name="metamorphic_pairs", value=sum(pairs.values()), unit="count",
+                             path=", ".join(f"{k}: {v}" for k, v in pairs.items()) or "none declared"),)
         skipped_ev = tuple(Evidence(name="not_run", value=c.name, path=f"{c.world_size} ranks > {limit} GPU(s)")
                            for c in not_run)
         if failures:
@@ -406,6 +452,7 @@ class CorrectnessGuard:
                                    f"configuration found in {sr.calls} tries"))
                 if sr.steps:
                     shrunk = f"; shrunk to {where}"
+            ev += pairs_ev
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
@@ -419,8 +466,9 @@ class CorrectnessGuard:
             summary=f"All {n} configurations ({len([c for c in cases if not c.name.startswith('random-')])} fixed, "
                     f"{len([c for c in cases if c.name.startswith('random-')])} random"
                     f"{f'; world sizes {sizes}' if task.distributed else ''}) match the reference on 3 calls each"
+                    f"{f'; {sum(pairs.values())} metamorphic pairs consistent ({pairs_ev[0].path})' if pairs else ''}"
                     f"{f'; {len(not_run)} not run on this machine (more ranks than GPUs)' if not_run else ''}.",
             evidence=(Evidence(name="cases", value=n, unit="count"),
                       Evidence(name="calls_per_case", value=3, unit="count"),
-                      Evidence(name="child_duration", value=round(duration, 2), unit="s")) + skipped_ev,
+                      Evidence(name="child_duration", value=round(duration, 2), unit="s")) + pairs_ev + skipped_ev,
         )

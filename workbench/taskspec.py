@@ -277,6 +277,10 @@ class WorkloadSpec(_Frozen):
         case: the input distribution ``inputs.make_inputs`` draws (``"realistic"`` or an edge case).
         phase: decode, prefill or mixed (what the dispatcher is told).
         random_template: random correctness draws may start from this workload and redraw the batch axis.
+        invariance: a checked ``[domain.invariances]`` entry (a metamorphic pair): the second call's
+            inputs are the transformed twin of the first's, and the outputs are related
+            (:class:`DomainInvarianceSpec`); ``""``: an independent second draw. Random draws get one
+            at run time (``guards.cases.random_workloads``).
     """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -285,6 +289,7 @@ class WorkloadSpec(_Frozen):
     case: str = "realistic"
     phase: Literal["decode", "prefill", "mixed"] = "decode"
     random_template: bool = False
+    invariance: str = ""
     note: str = ""
 
 
@@ -429,13 +434,58 @@ class DomainInputSpec(_Frozen):
     source: str = Field(min_length=3)
 
 
+_PY_NAME = r"^[a-z_][a-z0-9_]*$"
+
+
 class DomainInvarianceSpec(_Frozen):
-    """A transformation of the inputs that leaves (part of) the output unchanged, e.g. a constant
-    bias shift leaving the MoE selection unchanged. ``regime`` names the regime that draws it."""
+    """A transformation of the inputs under which the outputs change in a known way (unchanged, or
+    permuted), e.g. a constant bias shift leaving the MoE selection unchanged.
+
+    With ``transform`` and ``relation`` it is a **metamorphic pair** checked in every correctness
+    verdict: random draws it applies to get the transformed twin of their first input draw as their
+    second call's inputs (``guards.cases.build_case``), and the correctness guard checks the
+    candidate's outputs on the twin against its own outputs on the original through ``relation``
+    (besides the reference on both). Without them it is declared only (drawn by its ``regime``).
+
+    Attributes:
+        description: what the transformation does and what it leaves unchanged.
+        regime: the regime that draws inputs near this invariance (``""``: none).
+        transform: name of a function in the task's ``inputs.py``,
+            ``transform(inputs, axes, params, seed) -> (twin_inputs, info)``: the twin (same names,
+            shapes and dtypes) and ``info``, plain data (lists, numbers) the relation needs.
+        relation: name of a function in the task's ``reference.py``, ``relation(inputs, outputs,
+            twin_inputs, twin_outputs, info, params, tolerance) -> list[str]``: one line per broken
+            expectation (output, index, expected, seen); empty when the pair is consistent.
+        requires: a constraint on a draw's axes and params for the pair to apply (e.g. ``"T >= 2"``:
+            a permutation of one token is the identity); empty = every draw.
+        regimes: the regimes whose draws may get the pair; empty = every regime.
+        source: why the outputs must relate so (the contract, a reference section).
+    """
 
     description: str = Field(min_length=10)
     regime: str = ""
+    transform: Annotated[str, Field(pattern=_PY_NAME)] | None = None
+    relation: Annotated[str, Field(pattern=_PY_NAME)] | None = None
+    requires: str = ""
+    regimes: tuple[str, ...] = ()
     source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _pair(self) -> DomainInvarianceSpec:
+        if (self.transform is None) != (self.relation is None):
+            have, lack = ("transform", "relation") if self.relation is None else ("relation", "transform")
+            raise ValueError(f"'{have}' is set but '{lack}' is not; a metamorphic pair needs both (the function "
+                             "that makes the twin in inputs.py and the one that relates the outputs in reference.py)")
+        if (self.requires or self.regimes) and self.transform is None:
+            raise ValueError("'requires'/'regimes' restrict a metamorphic pair, but no 'transform' is set")
+        if self.requires:
+            check_constraint(self.requires)
+        return self
+
+    @property
+    def checked(self) -> bool:
+        """Whether the invariance is checked as a metamorphic pair (it has a transform and a relation)."""
+        return self.transform is not None
 
 
 class DomainSpec(_Frozen):
@@ -452,7 +502,8 @@ class DomainSpec(_Frozen):
         cost_source: why the cost constraints are what they are (required with them).
         regimes: input regimes (``make_inputs`` cases) random draws use; one must be ``realistic``.
         inputs: the realistic and legal range of every input tensor and the regimes that draw it.
-        invariances: transformations the output is invariant to (declared; drawn by their regime).
+        invariances: transformations with a known effect on the outputs; those with a transform and a
+            relation are checked as metamorphic pairs (:class:`DomainInvarianceSpec`).
         note: anything else a reader of the domain needs.
     """
 
@@ -487,6 +538,10 @@ class DomainSpec(_Frozen):
         for name, inv in self.invariances.items():
             if inv.regime and inv.regime not in self.regimes:
                 raise ValueError(f"invariances.{name}.regime {inv.regime!r} is not in [domain.regimes]")
+            for r in inv.regimes:
+                if r not in self.regimes:
+                    raise ValueError(f"invariances.{name}.regimes names {r!r}, which is not in [domain.regimes] "
+                                     f"(known: {', '.join(sorted(self.regimes))})")
         for name, spec in self.axes.items():
             if spec.choices is not None and any(type(c) is not int for c in spec.choices):
                 raise ValueError(f"axes.{name}.choices must be integers; got {list(spec.choices)}")
@@ -719,6 +774,11 @@ class TaskSpec(_Frozen):
             )
         if self.domain is not None:
             self._check_domain(self.domain)
+        else:
+            inv = next((w for w in self.correctness.workloads if w.invariance), None)
+            if inv is not None:
+                raise ValueError(f"correctness workload {inv.name!r} names invariance {inv.invariance!r}, but the task "
+                                 "has no [domain] (invariances are declared in [domain.invariances])")
         missing_tol = sorted(set(self.outputs) - set(self.correctness.tolerance))
         if missing_tol:
             raise ValueError(f"correctness.tolerance has no entry for output {missing_tol[0]!r}")
@@ -752,7 +812,9 @@ class TaskSpec(_Frozen):
                              + (f"missing {missing}" if missing else f"not an input: {extra}"))
         known = dom.names()
         for kind, exprs in (("constraints", dom.constraints), ("cost_constraints", dom.cost_constraints),
-                            *((f"regimes.{n}.requires", (r.requires,)) for n, r in dom.regimes.items() if r.requires)):
+                            *((f"regimes.{n}.requires", (r.requires,)) for n, r in dom.regimes.items() if r.requires),
+                            *((f"invariances.{n}.requires", (v.requires,)) for n, v in dom.invariances.items()
+                              if v.requires)):
             for c in exprs:
                 unknown = sorted(check_constraint(c) - known)
                 if unknown:
@@ -780,6 +842,19 @@ class TaskSpec(_Frozen):
                     raise ValueError(f"correctness workload {w.name!r}: param {k} = {v!r} is outside "
                                      f"domain.params.{k}; the domain must hold every fixed workload")
             values = {**w.axes, **w.params}
+            if w.invariance:
+                inv = dom.invariances.get(w.invariance)
+                if inv is None or not inv.checked:
+                    known = sorted(n for n, v in dom.invariances.items() if v.checked)
+                    raise ValueError(f"correctness workload {w.name!r}: invariance {w.invariance!r} is not a checked "
+                                     f"[domain.invariances] entry (with transform and relation); known: "
+                                     f"{', '.join(known) or 'none'}")
+                if inv.requires and not eval_constraint(inv.requires, values):
+                    raise ValueError(f"correctness workload {w.name!r}: invariance {w.invariance!r} requires "
+                                     f"{inv.requires!r}, which the workload does not meet")
+                if inv.regimes and w.case not in inv.regimes:
+                    raise ValueError(f"correctness workload {w.name!r}: invariance {w.invariance!r} applies to regimes "
+                                     f"{list(inv.regimes)}, not to case {w.case!r}")
             for c in dom.constraints:
                 if not eval_constraint(c, values):
                     raise ValueError(f"correctness workload {w.name!r} violates domain constraint {c!r}; the "

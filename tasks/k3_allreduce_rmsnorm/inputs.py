@@ -164,3 +164,36 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
         raise ValueError(f"inputs: unknown case {case!r}; known: {', '.join(CASES)}.")
     gen = torch.Generator().manual_seed(int(seed))
     return CASES[case](int(axes["W"]), int(axes["T"]), int(axes["D"]), gen)
+
+
+def permute_tokens(inputs: Mapping[str, torch.Tensor], axes: Mapping[str, int], params: Mapping[str, object],
+                   seed: int) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """The batch with its tokens permuted on every rank: twin token ``i`` is original token ``perm[i]``.
+
+    ``x`` (stacked ``[W, T, D]``) is permuted along T for every rank alike, ``residual`` ``[T, D]`` by
+    rows; ``weight`` ``[D]`` stays. ``perm`` is uniform over the permutations of T tokens other than
+    the identity (one is redrawn as a rotation by one).
+
+    Args:
+        inputs: as :func:`make_inputs` returns.
+        axes: the workload's axes (T >= 2: task.toml ``requires``).
+        params: the op's scalar arguments (unused).
+        seed: RNG seed of the permutation.
+
+    Returns:
+        (twin inputs, ``{"perm": perm}``) with ``perm`` a list of T ints.
+
+    Raises:
+        ValueError: T < 2 (a permutation of one token is the identity).
+
+    Source: task.toml [domain.invariances.token_permutation] (issue 19 item 2).
+    """
+    T = int(inputs["residual"].shape[0])
+    if T < 2:
+        raise ValueError(f"k3_allreduce_rmsnorm permute_tokens: needs T >= 2 tokens (task.toml requires 'T >= 2'); got T={T}.")
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(int(seed)))
+    if bool((perm == torch.arange(T)).all()):
+        perm = torch.roll(perm, 1)
+    twin = {"x": inputs["x"][:, perm].contiguous(), "residual": inputs["residual"][perm].contiguous(),
+            "weight": inputs["weight"].clone()}
+    return twin, {"perm": perm.tolist()}

@@ -134,3 +134,51 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
         tol = tolerance[name]
         msgs += _compare(name, g.detach().cpu(), w, tol.rtol, tol.atol)
     return msgs[: MAX_MESSAGES + 1]
+
+
+PAIR_MAX_LINES = 3
+
+
+def token_permutation_relation(inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+                               twin_inputs: Mapping[str, torch.Tensor], twin_outputs: Mapping[str, torch.Tensor],
+                               info: Mapping[str, Any], params: Mapping[str, Any],
+                               tolerance: Mapping[str, Any]) -> list[str]:
+    """Each token is reduced and normalised on its own: permuting the tokens permutes the rows of ``x``
+    and ``residual``, bit for bit (NaN payloads and the sign of zero included).
+
+    Bitwise because the contract fixes the arithmetic per element (the partials summed in rank order
+    in fp32, then the residual add, then the row's norm): nothing in it depends on where a token sits
+    in the batch, and a kernel that reduces some tokens in another order or rounds them another way
+    (still within the 1-2 ulp the reference check allows) breaks the pair.
+
+    Args:
+        inputs, outputs: the original inputs (``x`` stacked ``[W, T, D]``) and one rank's ``x`` and
+            ``residual`` after the call, bf16 ``[T, D]``.
+        twin_inputs, twin_outputs: the permuted inputs and the same rank's outputs on them.
+        info: ``{"perm": list of T ints}`` from ``inputs.permute_tokens`` (twin token ``i`` = token ``perm[i]``).
+        params, tolerance: unused.
+
+    Returns:
+        One line per output whose rows differ (first differing twin row and element, expected, got);
+        empty when consistent.
+
+    Source: kernel_targets.md §1.2 (the math per token), the task's contract (reduce in rank order, in
+    fp32); task.toml [domain.invariances.token_permutation].
+    """
+    perm = torch.tensor(list(info["perm"]), dtype=torch.long)
+    msgs: list[str] = []
+    for name in OUTPUTS:
+        a, t = outputs.get(name), twin_outputs.get(name)
+        if not isinstance(a, torch.Tensor) or not isinstance(t, torch.Tensor) or a.shape != t.shape or a.dtype != t.dtype:
+            return []  # a missing or misshapen output is the reference check's to report
+        want = a.detach().cpu()[perm].contiguous()
+        got = t.detach().cpu().contiguous()
+        bits = {2: torch.int16, 4: torch.int32}.get(want.element_size())
+        differ = (want.view(bits) != got.view(bits)) if bits is not None else (want != got)
+        if bool(differ.any()):
+            i, d = (int(v) for v in differ.nonzero()[0])
+            rows = int(differ.any(-1).sum())
+            msgs.append(f"{name}[{i}, {d}] of the twin (token {int(perm[i])} of the original): expected "
+                        f"{float(want[i, d]):.8g} (the candidate's own value for this token on the original batch), "
+                        f"got {float(got[i, d]):.8g}; {rows} of {got.shape[0]} rows differ (bitwise)")
+    return msgs[:PAIR_MAX_LINES]

@@ -337,3 +337,47 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
         "uniform_draws": d.u.float().contiguous(),
         "exponential_noise": d.noise.float().contiguous(),
     }
+
+
+# Metamorphic twin (task.toml [domain.invariances.batch_permutation]; issue 19 item 2).
+
+_PER_REQUEST = ("target_logits", "draft_token_ids", "num_draft_tokens", "temperature", "top_k", "top_p",
+                "uniform_draws", "exponential_noise")
+"""Inputs whose first dimension is the request (``draft_probs`` too when it has B rows, Q = 2)."""
+
+
+def permute_requests(inputs: Mapping[str, torch.Tensor], axes: Mapping[str, int], params: Mapping[str, object],
+                     seed: int) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """The batch with its requests permuted, each with its own logits, drafts, draft probabilities,
+    sampling parameters and random draws: twin row ``i`` is original request ``perm[i]``.
+
+    ``perm`` is uniform over the permutations of B requests other than the identity (one is redrawn
+    as a rotation by one). ``draft_probs`` is permuted when it has B rows and left as it is (0 rows,
+    Q = 1) otherwise.
+
+    Args:
+        inputs: as :func:`make_inputs` returns.
+        axes: the workload's axes (B >= 2: task.toml ``requires``).
+        params: the op's scalar arguments (unused).
+        seed: RNG seed of the permutation.
+
+    Returns:
+        (twin inputs, ``{"perm": perm}``) with ``perm`` a list of B ints.
+
+    Raises:
+        ValueError: B < 2 (a permutation of one request is the identity).
+
+    Source: task.toml [domain.invariances.batch_permutation]; kernel_targets.md §2.5 (batch independence).
+    """
+    B = int(inputs["target_logits"].shape[0])
+    if B < 2:
+        raise ValueError(f"k3_dspark_verify permute_requests: needs B >= 2 requests (task.toml requires 'B >= 2'); got B={B}.")
+    perm = torch.randperm(B, generator=torch.Generator().manual_seed(int(seed)))
+    if bool((perm == torch.arange(B)).all()):
+        perm = torch.roll(perm, 1)
+    twin = {k: v.clone() for k, v in inputs.items()}
+    for k in _PER_REQUEST:
+        twin[k] = inputs[k][perm].contiguous()
+    if inputs["draft_probs"].shape[0] == B:
+        twin["draft_probs"] = inputs["draft_probs"][perm].contiguous()
+    return twin, {"perm": perm.tolist()}

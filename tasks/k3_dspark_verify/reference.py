@@ -379,3 +379,50 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
     if len(msgs) > MAX_MESSAGES:
         msgs = msgs[:MAX_MESSAGES] + [f"... and {len(msgs) - MAX_MESSAGES} more mismatch lines"]
     return msgs
+
+
+PAIR_MAX_LINES = 6
+
+
+def request_permutation_relation(inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+                                 twin_inputs: Mapping[str, torch.Tensor], twin_outputs: Mapping[str, torch.Tensor],
+                                 info: Mapping[str, Any], params: Mapping[str, Any],
+                                 tolerance: Mapping[str, Any]) -> list[str]:
+    """A request's result depends on its own inputs only: permuting the batch (each request with its own
+    logits, drafts, parameters and random draws) permutes the output rows, exactly.
+
+    Exact because the random draws are inputs: a correct kernel computes each request with the same
+    arithmetic wherever it sits, so only a decision within a rounding of its boundary (|u - p/q| or a
+    race gap of about one fp32 ulp, some 1e-7 of the decisions) could flip with a position-dependent
+    rounding. The reference check alone accepts either side of a decision inside its wider margins
+    (``REL_PROB``, ``EPS_MASS``: 1e-4); the pair demands the same side for the same request.
+
+    Args:
+        inputs, outputs: the original inputs and the candidate's outputs on them.
+        twin_inputs, twin_outputs: the permuted inputs (twin row ``i`` = request ``perm[i]``) and the
+            candidate's outputs on them.
+        info: ``{"perm": list of B ints}`` from ``inputs.permute_requests``.
+        params, tolerance: unused.
+
+    Returns:
+        One line per differing row (output, twin row, original request, expected, got; at most
+        ``PAIR_MAX_LINES`` + 1); empty when consistent.
+
+    Source: kernel_targets.md §2.5 (batch independence), §2.6 (exact given the draws); issue 3 ("a
+    request's result never depends on its batch mates"); task.toml [domain.invariances.batch_permutation].
+    """
+    perm = list(info["perm"])
+    msgs: list[str] = []
+    for name in OUTPUTS:
+        a, t = outputs.get(name), twin_outputs.get(name)
+        if not isinstance(a, torch.Tensor) or not isinstance(t, torch.Tensor) or a.shape != t.shape:
+            return []  # a missing or misshapen output is the reference check's to report
+        a, t = a.detach().cpu(), t.detach().cpu()
+        for i, j in enumerate(perm):
+            if not torch.equal(a[j], t[i]):
+                kind = "greedy" if float(inputs["temperature"][j]) == 0.0 else "sampled"
+                msgs.append(f"{name}[{i}] of the twin (request {j} of the original, {kind}): expected {a[j].tolist()} "
+                            f"(the candidate's own result for this request on the original batch), got {t[i].tolist()}")
+    if len(msgs) > PAIR_MAX_LINES:
+        msgs = msgs[:PAIR_MAX_LINES] + [f"... and {len(msgs) - PAIR_MAX_LINES} more differing rows"]
+    return msgs

@@ -164,3 +164,77 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
         logits, bias, valid = CASES[case](T, E, gen)
     return {"router_logits": logits.float().contiguous(), "e_score_correction_bias": bias.float().contiguous(),
             "token_valid": valid.contiguous()}
+
+
+# Metamorphic twins (task.toml [domain.invariances]; issue 19 item 2). Each returns the transformed
+# inputs and the plain data the relation in reference.py needs.
+
+TWIN_SHIFT_LOG2 = (-1, 6)
+"""Inclusive range of the integer log2 |C| of the twin's bias shift: C = +-2^k, k in [-1, 6] (0.5 to 64)."""
+
+
+def _twin_gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed))
+
+
+def permute_tokens(inputs: Mapping[str, torch.Tensor], axes: Mapping[str, int], params: Mapping[str, object],
+                   seed: int) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """The batch with its tokens permuted: twin row ``i`` is original row ``perm[i]``.
+
+    ``router_logits`` (T, E) and ``token_valid`` (T,) are permuted by rows; the bias (E,) is shared by
+    the batch and stays. ``perm`` is uniform over the permutations of T tokens other than the identity
+    (one is redrawn as a rotation by one), so every pair moves some token.
+
+    Args:
+        inputs: ``router_logits``, ``e_score_correction_bias``, ``token_valid`` as :func:`make_inputs` returns.
+        axes: the workload's axes (T >= 2: task.toml ``requires``).
+        params: the op's scalar arguments (unused).
+        seed: RNG seed of the permutation.
+
+    Returns:
+        (twin inputs, ``{"perm": perm}``) with ``perm`` a list of T ints.
+
+    Raises:
+        ValueError: T < 2 (a permutation of one token is the identity).
+
+    Source: task.toml [domain.invariances.token_permutation]; kernel_targets.md §3.1 (routing per token).
+    """
+    T = int(inputs["router_logits"].shape[0])
+    if T < 2:
+        raise ValueError(f"k3_moe_dispatch permute_tokens: needs T >= 2 tokens (task.toml requires 'T >= 2'); got T={T}.")
+    perm = torch.randperm(T, generator=_twin_gen(seed))
+    if bool((perm == torch.arange(T)).all()):
+        perm = torch.roll(perm, 1)
+    twin = {"router_logits": inputs["router_logits"][perm].contiguous(),
+            "e_score_correction_bias": inputs["e_score_correction_bias"].clone(),
+            "token_valid": inputs["token_valid"][perm].contiguous()}
+    return twin, {"perm": perm.tolist()}
+
+
+def shift_bias(inputs: Mapping[str, torch.Tensor], axes: Mapping[str, int], params: Mapping[str, object],
+               seed: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """The batch with one constant ``C = +-2^k`` (k uniform in :data:`TWIN_SHIFT_LOG2`) added to every bias entry.
+
+    A power of two, so ``C`` is exact; large enough that ``s + b + C`` rounds differently from
+    ``s + b`` (a formula that cancels the bias loses ulp(C)/2 on the scores), small enough that the
+    checker's near-tie window (``NEAR_TIE_REL * max|c|``, 6.4e-5 at |C| = 64) stays narrow.
+
+    Args:
+        inputs: as :func:`make_inputs` returns.
+        axes, params: the workload's axes and op arguments (unused: G == 1 is task.toml's ``requires``).
+        seed: RNG seed of ``k`` and the sign.
+
+    Returns:
+        (twin inputs, ``{"shift": C}``) with ``C`` a float.
+
+    Source: task.toml [domain.invariances.bias_shift]; kernel_targets.md §3.1 (selection on s + b,
+    weights from s).
+    """
+    gen = _twin_gen(seed)
+    lo, hi = TWIN_SHIFT_LOG2
+    k = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+    shift = (-1.0 if float(torch.rand(1, generator=gen)) < 0.5 else 1.0) * 2.0 ** k
+    twin = {"router_logits": inputs["router_logits"].clone(),
+            "e_score_correction_bias": (inputs["e_score_correction_bias"] + shift).contiguous(),
+            "token_valid": inputs["token_valid"].clone()}
+    return twin, {"shift": shift}

@@ -463,3 +463,160 @@ def canonical(outputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) ->
     key = (owner + 1) * (sti.abs().max().clamp(min=1) + 2) + sti
     return {"topk_ids": ids_s, "topk_weights": torch.gather(w, 1, order), "sorted_token_ids": sti[torch.argsort(key, stable=True)],
             "expert_ids": eids, "num_tokens_post_padded": outputs["num_tokens_post_padded"].cpu()}
+
+
+# Metamorphic relations (task.toml [domain.invariances]; issue 19 item 2): the candidate's outputs on a
+# transformed twin against its own outputs on the original, not against this reference.
+
+PAIR_W_RTOL = 2e-6
+"""Relative gap allowed between one token's weights on the original and on the twin (about 34 fp32 ulp).
+
+Five times tighter than the reference's rtol 1e-5: a correct kernel computes the same token's weights
+with the same arithmetic wherever it sits in the batch, except that vectorised code may round the last
+elements of a buffer on a scalar path: torch 2.13's CPU sigmoid at T=33, E=60 differs by 1 ulp in the
+last row's tail once the rows are permuted (measured for issue 19), which moves a weight by a few ulp;
+a renormalising sum of K <= 32 weights added in another order moves it by at most K ulp (2e-6)."""
+PAIR_W_ATOL = 1e-9
+"""Absolute gap allowed on top (weights of experts with denormal scores, whose ulp is coarse relative)."""
+PAIR_MAX_LINES = 6
+
+
+def _tie_row(logits_row: torch.Tensor, bias: torch.Tensor, params: Mapping[str, Any]) -> bool:
+    """Whether the checker lets a correct kernel choose among tied experts in this row: the K-th and
+    (K+1)-th masked biased scores closer than ``NEAR_TIE_REL * max|c|`` (exact ties included), or groups
+    tied at the topk_group boundary. Such rows may differ between the pair (a 1-ulp rounding that
+    depends on the position in the buffer breaks a tie either way)."""
+    G, TG, K = int(params["n_group"]), int(params["topk_group"]), int(params["top_k"])
+    choice = torch.sigmoid(logits_row.float()) + bias.float()
+    if G > 1 and group_choices(choice, G, TG)[1]:
+        return True
+    c = masked_choice(logits_row, bias, G, TG)
+    if K >= c.numel():
+        return False
+    vals = torch.sort(c, descending=True).values
+    finite = c[torch.isfinite(c)]
+    window = NEAR_TIE_REL * float(finite.abs().max()) if finite.numel() else 0.0
+    return float(vals[K - 1]) - float(vals[K]) < window or float(vals[K - 1]) == float(vals[K])
+
+
+def _segments(out: Mapping[str, torch.Tensor], K: int, B: int, numel: int) -> dict[int, list[int]]:
+    """Expert -> sorted token indices of its segment (flat ``t*K+k`` entries as tokens, sentinels left out)."""
+    sti, eids = out["sorted_token_ids"].tolist(), out["expert_ids"].tolist()
+    seg: dict[int, list[int]] = {}
+    for b, e in enumerate(eids):
+        if e < 0:
+            continue
+        seg.setdefault(e, []).extend(x // K for x in sti[b * B:(b + 1) * B] if 0 <= x < numel)
+    return {e: sorted(ts) for e, ts in seg.items()}
+
+
+def _pair_lines(inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+                twin_inputs: Mapping[str, torch.Tensor], twin_outputs: Mapping[str, torch.Tensor],
+                perm: list[int], params: Mapping[str, Any], what: str) -> list[str]:
+    """Twin row ``i`` is original token ``perm[i]``: its experts must be the same set (outside tie
+    rows), its weights per expert within ``PAIR_W_RTOL``/``PAIR_W_ATOL``, padding rows -1 and 0, and,
+    when every row's set matched, each expert's segment must hold the same tokens (mapped through
+    ``perm``), ``expert_ids`` and ``num_tokens_post_padded`` equal."""
+    cpu = lambda d: {k: v.detach().cpu() for k, v in d.items() if isinstance(v, torch.Tensor)}  # noqa: E731
+    inputs, outputs, twin_inputs, twin_outputs = cpu(inputs), cpu(outputs), cpu(twin_inputs), cpu(twin_outputs)
+    T, E = inputs["router_logits"].shape
+    K, B = int(params["top_k"]), int(params["block_size"])
+    for name in OUTPUTS:
+        a, t = outputs.get(name), twin_outputs.get(name)
+        if a is None or t is None or a.shape != t.shape:
+            return []  # a missing or misshapen output is the reference check's to report
+    msgs: list[str] = []
+    all_same = True
+    for i, j in enumerate(perm):
+        a_ids, t_ids = outputs["topk_ids"][j].tolist(), twin_outputs["topk_ids"][i].tolist()
+        where = f"twin row {i} (token {j} of the original{what})"
+        if sorted(a_ids) != sorted(t_ids):
+            all_same = False
+            valid = bool(inputs["token_valid"][j])
+            if valid and (_tie_row(inputs["router_logits"][j], inputs["e_score_correction_bias"], params)
+                          or _tie_row(twin_inputs["router_logits"][i], twin_inputs["e_score_correction_bias"], params)):
+                continue  # a choice among ties: each call is checked against the reference on its own
+            msgs.append(f"topk_ids[{i}] of the twin, {where}: expected experts {sorted(a_ids)} (the candidate's own "
+                        f"choice for this token on the original), got {sorted(t_ids)}")
+            continue
+        a_w = dict(zip(a_ids, outputs["topk_weights"][j].tolist()))
+        for e, wt in zip(t_ids, twin_outputs["topk_weights"][i].tolist()):
+            wa = a_w[e]
+            if not abs(wt - wa) <= PAIR_W_RTOL * max(abs(wa), abs(wt)) + PAIR_W_ATOL:
+                msgs.append(f"topk_weights[{i}] of the twin, expert {e}, {where}: expected {wa:.9g} (the candidate's "
+                            f"own weight on the original), got {wt:.9g}; the pair allows rtol {PAIR_W_RTOL:g} + atol "
+                            f"{PAIR_W_ATOL:g} (the reference check alone allows rtol 1e-5)")
+                break
+    if all_same and not msgs:
+        numel = T * K
+        seg_a, seg_t = _segments(outputs, K, B, numel), _segments(twin_outputs, K, B, numel)
+        seg_t = {e: sorted(perm[i] for i in ts) for e, ts in seg_t.items()}
+        for e in sorted(set(seg_a) | set(seg_t)):
+            if seg_a.get(e, []) != seg_t.get(e, []):
+                msgs.append(f"sorted_token_ids: expert {e}'s segment holds tokens {_short(seg_t.get(e, []))} on the "
+                            f"twin (as original tokens{what}), expected {_short(seg_a.get(e, []))} (the candidate's own "
+                            "segment on the original)")
+                break
+        for name in ("expert_ids", "num_tokens_post_padded"):
+            if not torch.equal(outputs[name], twin_outputs[name]):
+                diff = (outputs[name] != twin_outputs[name]).nonzero().flatten().tolist()
+                msgs.append(f"{name}[{diff[0]}] of the twin: expected {int(outputs[name][diff[0]])} (the candidate's "
+                            f"own value on the original; the routing is the same), got {int(twin_outputs[name][diff[0]])}")
+    if len(msgs) > PAIR_MAX_LINES:
+        msgs = msgs[:PAIR_MAX_LINES] + [f"... and {len(msgs) - PAIR_MAX_LINES} more broken expectations"]
+    return msgs
+
+
+def token_permutation_relation(inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+                               twin_inputs: Mapping[str, torch.Tensor], twin_outputs: Mapping[str, torch.Tensor],
+                               info: Mapping[str, Any], params: Mapping[str, Any], tolerance: Mapping[str, Any]) -> list[str]:
+    """Routing is per token: the candidate's output for a token must not depend on where it sits in the batch.
+
+    With ``twin_inputs`` the original's rows in the order ``info["perm"]`` (twin row ``i`` = token
+    ``perm[i]``): ``topk_ids`` rows equal as sets except in tie rows (:func:`_tie_row`, either input),
+    ``topk_weights`` per expert within :data:`PAIR_W_RTOL` / :data:`PAIR_W_ATOL`, padding rows
+    unchanged, and when every row matched the alignment the same up to the permutation: each expert's
+    segment holds the same tokens, ``expert_ids`` and ``num_tokens_post_padded`` are equal. Flat
+    indices ``t*K+k`` are compared as tokens (the slot order inside a row is free).
+
+    Args:
+        inputs, outputs: the original inputs and the candidate's five outputs on them.
+        twin_inputs, twin_outputs: the permuted inputs and the candidate's outputs on them.
+        info: ``{"perm": list of T ints}`` from ``inputs.permute_tokens``.
+        params: as for :func:`reference`.
+        tolerance: unused (the pair has its own, tighter bounds).
+
+    Returns:
+        One line per broken expectation (at most ``PAIR_MAX_LINES`` + 1); empty when consistent.
+
+    Source: kernel_targets.md §3.1 (routing per token), §3.5 (tie rule); task.toml
+    [domain.invariances.token_permutation]; :data:`PAIR_W_RTOL`.
+    """
+    return _pair_lines(inputs, outputs, twin_inputs, twin_outputs, list(info["perm"]), params, "")
+
+
+def bias_shift_relation(inputs: Mapping[str, torch.Tensor], outputs: Mapping[str, torch.Tensor],
+                        twin_inputs: Mapping[str, torch.Tensor], twin_outputs: Mapping[str, torch.Tensor],
+                        info: Mapping[str, Any], params: Mapping[str, Any], tolerance: Mapping[str, Any]) -> list[str]:
+    """Selection is invariant to one constant added to every bias, and weights use the unbiased scores.
+
+    With ``twin_inputs`` the original with ``info["shift"]`` added to the bias: every row's
+    ``topk_ids`` the same set except in tie rows (fp32 rounding of ``s + b + C`` may reorder near-ties:
+    :func:`_tie_row` on either input), ``topk_weights`` per expert within :data:`PAIR_W_RTOL` /
+    :data:`PAIR_W_ATOL`, and the alignment unchanged (same segments, ``expert_ids``,
+    ``num_tokens_post_padded``).
+
+    Args:
+        inputs, outputs, twin_inputs, twin_outputs, params, tolerance: as for
+            :func:`token_permutation_relation`.
+        info: ``{"shift": C}`` from ``inputs.shift_bias``.
+
+    Returns:
+        One line per broken expectation; empty when consistent.
+
+    Source: kernel_targets.md §3.1 (selection on s + b, weights from s); task.toml
+    [domain.invariances.bias_shift].
+    """
+    T = int(inputs["router_logits"].shape[0])
+    return _pair_lines(inputs, outputs, twin_inputs, twin_outputs, list(range(T)), params,
+                       f", bias shifted by {float(info['shift']):g}")

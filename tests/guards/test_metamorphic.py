@@ -1,0 +1,416 @@
+"""Metamorphic pairs (issue 19 item 2): a random draw and its transformed twin, the candidate's outputs
+on the twin compared with its own outputs on the original through the task's relation."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+
+from guards.cases import Case, build_case, invariance_applies, load_task_module, random_workloads, shrink
+from guards.correctness import CorrectnessGuard, same_bits
+from workbench.errors import TaskSpecError
+from workbench.taskspec import DomainInvarianceSpec, load_task, load_task_file
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = ("k3_moe_dispatch", "k3_dspark_verify", "k3_allreduce_rmsnorm")
+PAIRS = {"k3_moe_dispatch": {"bias_shift", "token_permutation"}, "k3_dspark_verify": {"batch_permutation"},
+         "k3_allreduce_rmsnorm": {"token_permutation"}}
+
+
+def _task(task_id):
+    return load_task(REPO, task_id)
+
+
+def _cases(task, seed, invariance=None, n=None):
+    ws = [w for w in random_workloads(task, seed) if w.invariance and (invariance is None or w.invariance == invariance)]
+    return [build_case(task, w, seed) for w in ws[:n]]
+
+
+# --- the spec ---
+
+def test_pair_needs_both_transform_and_relation():
+    with pytest.raises(pydantic.ValidationError, match="'transform' is set but 'relation' is not"):
+        DomainInvarianceSpec(description="permutes the rows", transform="permute_tokens", source="a test")
+    with pytest.raises(pydantic.ValidationError, match="'requires'/'regimes' restrict a metamorphic pair"):
+        DomainInvarianceSpec(description="permutes the rows", requires="T >= 2", source="a test")
+    with pytest.raises(pydantic.ValidationError, match="transform"):
+        DomainInvarianceSpec(description="permutes the rows", transform="not a name", relation="r", source="a test")
+    declared = DomainInvarianceSpec(description="permutes the rows", source="a test")
+    assert not declared.checked
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    d = tmp_path / "tasks" / "k3_moe_dispatch"
+    shutil.copytree(REPO / "tasks/k3_moe_dispatch", d, ignore=shutil.ignore_patterns("fixtures", "__pycache__"))
+    p = d / "task.toml"
+    text = p.read_text()
+    p.write_text(edit(text))
+    assert p.read_text() != text
+    return p
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (lambda s: s.replace('requires = "T >= 2"\nsource = "kernel_targets.md §3.1 (routing per token);',
+                         'requires = "N >= 2"\nsource = "kernel_targets.md §3.1 (routing per token);'),
+     ["domain.invariances.token_permutation.requires: 'N >= 2' names 'N'"]),
+    (lambda s: s.replace('transform = "permute_tokens"\n', 'transform = "permute_tokens"\nregimes = ["nope"]\n'),
+     ["invariances.token_permutation.regimes names 'nope'", "known:"]),
+    (lambda s: s.replace('name = "k3_t2"\n', 'name = "k3_t2"\ninvariance = "mirror"\n'),
+     ["workload 'k3_t2': invariance 'mirror' is not a checked [domain.invariances] entry", "bias_shift, token_permutation"]),
+    (lambda s: s.replace('name = "k3_t1"\n', 'name = "k3_t1"\ninvariance = "token_permutation"\n'),
+     ["workload 'k3_t1': invariance 'token_permutation' requires 'T >= 2'"]),
+])
+def test_bad_invariance_is_refused_with_the_field_and_why(tmp_path, edit, fragments):
+    with pytest.raises(TaskSpecError) as ei:
+        load_task_file(_edited(tmp_path, edit))
+    for f in fragments:
+        assert f in str(ei.value), (f, str(ei.value))
+
+
+def test_missing_transform_function_is_a_clear_error(tmp_path):
+    p = _edited(tmp_path, lambda s: s.replace('transform = "permute_tokens"', 'transform = "permute_tokenz"'))
+    task = load_task_file(p)
+    w = next(w for w in random_workloads(task, 0) if w.invariance == "token_permutation")
+    with pytest.raises(TaskSpecError, match="names 'permute_tokenz', which is not a function of tasks/k3_moe_dispatch/inputs.py"):
+        build_case(task, w, 0)
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_every_task_checks_its_pairs_with_functions_it_defines(task_id):
+    task = _task(task_id)
+    checked = {n: v for n, v in task.domain.invariances.items() if v.checked}
+    assert set(checked) == PAIRS[task_id]
+    for inv in checked.values():
+        assert callable(getattr(load_task_module(task, "inputs"), inv.transform))
+        assert callable(getattr(load_task_module(task, "reference"), inv.relation))
+        assert len(inv.source) > 20
+
+
+# --- which draws get a pair ---
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_every_draw_a_pair_applies_to_gets_one_and_they_alternate(task_id):
+    task = _task(task_id)
+    dom = task.domain
+    for seed in (0, 1, 2):
+        ws = random_workloads(task, seed)
+        assert ws == random_workloads(task, seed)  # deterministic
+        for w in ws:
+            fits = [n for n in dom.invariances if invariance_applies(dom, n, w.axes, w.params, w.case)]
+            assert (w.invariance in fits) if fits else w.invariance == "", (w.name, w.invariance, fits)
+        if task_id == "k3_moe_dispatch":  # both pairs in every verdict; the permutation (G any) more often
+            got = [w.invariance for w in ws]
+            assert got.count("bias_shift") >= 3 and got.count("token_permutation") >= 8, got
+            assert all(w.axes["G"] == 1 for w in ws if w.invariance == "bias_shift")
+
+
+def test_fixed_workloads_keep_an_independent_second_draw():
+    task = _task("k3_moe_dispatch")
+    c = build_case(task, task.workload("k3_t8"), 3)
+    assert c.twin is None and not torch.equal(c.inputs_a["router_logits"], c.inputs_b["router_logits"])
+
+
+# --- the transforms (values) ---
+
+def test_moe_permute_tokens_moves_rows_and_keeps_the_bias():
+    task = _task("k3_moe_dispatch")
+    for c in _cases(task, 0, "token_permutation", 6):
+        perm = c.twin.info["perm"]
+        T = c.workload.axes["T"]
+        assert sorted(perm) == list(range(T)) and perm != list(range(T))
+        assert torch.equal(c.inputs_b["router_logits"], c.inputs_a["router_logits"][perm])
+        assert torch.equal(c.inputs_b["token_valid"], c.inputs_a["token_valid"][perm])
+        assert torch.equal(c.inputs_b["e_score_correction_bias"], c.inputs_a["e_score_correction_bias"])
+
+
+def test_moe_shift_bias_adds_one_power_of_two_to_every_entry():
+    task = _task("k3_moe_dispatch")
+    mod = load_task_module(task, "inputs")
+    cases = _cases(task, 0, "bias_shift", 4)
+    assert cases
+    for c in cases:
+        C = c.twin.info["shift"]
+        k = torch.log2(torch.tensor(abs(C))).item()
+        assert k == int(k) and mod.TWIN_SHIFT_LOG2[0] <= k <= mod.TWIN_SHIFT_LOG2[1]
+        assert torch.equal(c.inputs_b["router_logits"], c.inputs_a["router_logits"])
+        assert torch.equal(c.inputs_b["e_score_correction_bias"], c.inputs_a["e_score_correction_bias"] + C)
+
+
+def test_dspark_permute_requests_moves_every_per_request_input_together():
+    task = _task("k3_dspark_verify")
+    seen_q = set()
+    for seed in (0, 1):
+        for c in _cases(task, seed):
+            perm = c.twin.info["perm"]
+            B = c.workload.axes["B"]
+            assert sorted(perm) == list(range(B)) and perm != list(range(B))
+            for k, v in c.inputs_a.items():
+                if k == "draft_probs" and v.shape[0] == 0:
+                    assert c.inputs_b[k].shape == v.shape  # Q = 1: no rows to move
+                    seen_q.add(1)
+                    continue
+                seen_q.add(2) if k == "draft_probs" else None
+                assert torch.equal(c.inputs_b[k], v[perm]), k
+    assert seen_q == {1, 2}
+
+
+def test_allreduce_permute_tokens_moves_every_rank_alike():
+    task = _task("k3_allreduce_rmsnorm")
+    for c in _cases(task, 0):
+        perm = c.twin.info["perm"]
+        assert same_bits(c.inputs_b["x"], c.inputs_a["x"][:, perm].contiguous())  # NaN regimes: bits, not values
+        assert same_bits(c.inputs_b["residual"], c.inputs_a["residual"][perm].contiguous())
+        assert same_bits(c.inputs_b["weight"], c.inputs_a["weight"])
+
+
+# --- the relations ---
+
+def _relation(task, c: Case, out_a, out_b):
+    ref = load_task_module(task, "reference")
+    return getattr(ref, c.twin.relation)(c.inputs_a, out_a, c.inputs_b, out_b, dict(c.twin.info), dict(c.kwargs),
+                                         task.correctness.tolerance)
+
+
+def _ref(task, inputs, kwargs):
+    return load_task_module(task, "reference").reference({k: v.clone() for k, v in inputs.items()}, dict(kwargs))
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_the_reference_itself_keeps_every_pair(task_id):
+    task = _task(task_id)
+    n = 0
+    for seed in (0, 1):
+        for c in _cases(task, seed, n=12):
+            assert _relation(task, c, _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)) == [], c.name
+            n += 1
+    assert n >= 8
+
+
+def _moe_pair(invariance):
+    task = _task("k3_moe_dispatch")
+    c = next(c for c in _cases(task, 0, invariance) if c.workload.axes["T"] >= 2 and c.workload.case == "realistic"
+             or invariance == "bias_shift")
+    return task, c, _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)
+
+
+def test_moe_permutation_relation_catches_a_weight_that_moved_within_the_reference_tolerance():
+    task, c, a, b = _moe_pair("token_permutation")
+    perm = c.twin.info["perm"]
+    i = next(i for i, j in enumerate(perm) if bool(c.inputs_a["token_valid"][j]))
+    b["topk_weights"][i, 0] *= 1 + 8e-6  # inside rtol 1e-5: the reference check accepts it
+    ref = load_task_module(task, "reference")
+    assert ref.check(c.inputs_b, c.kwargs, b, _ref(task, c.inputs_b, c.kwargs), task.correctness.tolerance) == []
+    lines = _relation(task, c, a, b)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"topk_weights[{i}] of the twin, expert {int(b['topk_ids'][i, 0])}, twin row {i} "
+                               f"(token {perm[i]} of the original): expected ")
+    assert "the pair allows rtol 2e-06" in lines[0]
+
+
+def test_moe_permutation_relation_catches_other_experts_and_a_moved_segment():
+    task, c, a, b = _moe_pair("token_permutation")
+    perm = c.twin.info["perm"]
+    E = c.inputs_a["router_logits"].shape[1]
+    i = next(i for i, j in enumerate(perm) if bool(c.inputs_a["token_valid"][j]))
+    ids = b["topk_ids"][i].tolist()
+    spare = next(e for e in range(E) if e not in ids)
+    b2 = {k: v.clone() for k, v in b.items()}
+    b2["topk_ids"][i, 0] = spare
+    lines = _relation(task, c, a, b2)
+    assert lines and lines[0].startswith(f"topk_ids[{i}] of the twin, twin row {i} (token {perm[i]} of the original): "
+                                         f"expected experts {sorted(ids)}"), lines
+    # the alignment: one flat index moved into another expert's segment (a sentinel's place; ids unchanged)
+    b3 = {k: v.clone() for k, v in b.items()}
+    sti, eids = b3["sorted_token_ids"], b3["expert_ids"]
+    numel, B = b3["topk_ids"].numel(), c.kwargs["block_size"]
+    src = int((sti < numel).nonzero()[0])
+    dst = next(int(q) for q in (sti == numel).nonzero().flatten()
+               if 0 <= int(eids[int(q) // B]) != int(eids[src // B]))
+    sti[dst], sti[src] = sti[src].clone(), numel
+    lines = _relation(task, c, a, b3)
+    assert any(m.startswith(f"sorted_token_ids: expert {int(eids[src // B])}'s segment holds tokens ")
+               for m in lines), lines
+
+
+def test_moe_bias_shift_relation_names_the_shift():
+    task, c, a, b = _moe_pair("bias_shift")
+    b["topk_weights"][0, 0] *= 1 + 8e-6
+    lines = _relation(task, c, a, b)
+    assert len(lines) == 1 and f"bias shifted by {c.twin.info['shift']:g}" in lines[0], lines
+
+
+def test_dspark_relation_demands_each_requests_own_row():
+    task = _task("k3_dspark_verify")
+    c = _cases(task, 0, n=1)[0]
+    a, b = _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)
+    perm = c.twin.info["perm"]
+    b["num_accepted_tokens"][1] += 1
+    lines = _relation(task, c, a, b)
+    assert lines == [f"num_accepted_tokens[1] of the twin (request {perm[1]} of the original, "
+                     f"{'greedy' if float(c.inputs_a['temperature'][perm[1]]) == 0.0 else 'sampled'}): expected "
+                     f"{int(a['num_accepted_tokens'][perm[1]])} (the candidate's own result for this request on the "
+                     f"original batch), got {int(a['num_accepted_tokens'][perm[1]]) + 1}"], lines
+
+
+def test_allreduce_relation_is_bitwise():
+    task = _task("k3_allreduce_rmsnorm")
+    c = _cases(task, 0, n=1)[0]
+    a, b = _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)
+    perm = c.twin.info["perm"]
+    x = b["x"].view(torch.int16)
+    x[1, 0] ^= 1  # one bf16 ulp: within the reference tolerance
+    lines = _relation(task, c, a, b)
+    assert len(lines) == 1 and lines[0].startswith(f"x[1, 0] of the twin (token {perm[1]} of the original): expected ")
+    assert lines[0].endswith(f"1 of {b['x'].shape[0]} rows differ (bitwise)"), lines
+
+
+# --- the guard ---
+
+def _ranks(out_a, out_b, inputs_a, inputs_b):
+    call = lambda label, out, inp: {"label": label, "error": None, "trace": [], "outputs": out,  # noqa: E731
+                                    "inputs_after": {k: v.clone() for k, v in inp.items()}}
+    return [{"calls": [call("a_fresh", out_a, inputs_a), call("b_reused_buffers", out_b, inputs_b),
+                       call("a_repeat", out_a, inputs_a)]}]
+
+
+def test_guard_fails_a_broken_pair_that_the_reference_check_accepts():
+    task, c, a, b = _moe_pair("token_permutation")
+    ref = load_task_module(task, "reference")
+    guard = CorrectnessGuard()
+    assert guard._judge_case(task, ref, c, _ranks(a, b, c.inputs_a, c.inputs_b))[0] == []  # honest: consistent
+    b["topk_weights"][0] *= 1 + 8e-6
+    mism = guard._judge_case(task, ref, c, _ranks(a, b, c.inputs_a, c.inputs_b))[0]
+    assert len(mism) == 1 and mism[0].startswith("[metamorphic token_permutation] topk_weights[0] of the twin"), mism
+    # a pair whose second call raised is that call's mismatch, not the relation's
+    ranks = _ranks(a, b, c.inputs_a, c.inputs_b)
+    ranks[0]["calls"][1]["error"] = "RuntimeError: boom"
+    mism = guard._judge_case(task, ref, c, ranks)[0]
+    assert mism == ["[b_reused_buffers] raised RuntimeError: boom"], mism
+
+
+def test_shrink_keeps_the_pair_where_it_applies_and_drops_it_below():
+    task = _task("k3_moe_dispatch")
+    w = next(w for w in random_workloads(task, 0) if w.invariance == "token_permutation" and w.axes["T"] > 8)
+    seen = []
+
+    def fails(cand):  # the relation breaks whenever the pair is there
+        seen.append((cand.axes["T"], cand.invariance))
+        return cand.invariance == "token_permutation"
+
+    r = shrink(task, w, fails, max_calls=32)
+    assert r.workload.invariance == "token_permutation" and r.workload.axes["T"] == 2, r
+    assert (1, "") in seen  # T = 1 was tried without the pair (a permutation of one token is the identity)
+
+
+# --- end to end: the bad fixture the pair alone catches ---
+
+FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-weights-depend-on-batch-position"
+
+
+@pytest.mark.slow
+def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project_repo, monkeypatch):
+    """The guard run directly (not through the pipeline, which pools judgings of the same content)."""
+    from guards.base import GuardContext
+    from guards.isolation import IsolationGuard
+    from guards.verdict import Status
+    from workbench.worktree import create_candidate
+
+    task = load_task(project_repo, "k3_moe_dispatch")
+    cand = create_candidate(project_repo, task.task_id, str(project_repo / FIXTURE))
+
+    def judge():
+        ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
+                           candidate_commit=cand.candidate_commit, device="cpu", seed=11)
+        assert IsolationGuard().check(ctx).status is Status.PASS
+        return CorrectnessGuard().check(ctx), ctx.artifacts["cases"]
+
+    v, cases = judge()
+    assert v.status is Status.FAIL, v.one_line()
+    failed = [c for c in cases if not c["passed"]]
+    assert failed and all(c["name"].startswith("random-") for c in failed)
+    assert all(m.startswith("[metamorphic token_permutation] topk_weights[") for c in failed for m in c["mismatches"]), failed
+    assert "[metamorphic token_permutation] topk_weights[" in v.summary and "the pair allows rtol 2e-06" in v.summary
+    assert next(e for e in v.evidence if e.name == "metamorphic_pairs").value >= 8
+    # the same candidate with the pair switched off: every call is within the reference tolerance
+    monkeypatch.setattr(CorrectnessGuard, "_relation_lines", staticmethod(lambda *a, **k: []))
+    v, cases = judge()
+    assert v.status is Status.PASS and all(c["passed"] for c in cases), v.one_line()
+
+
+# --- the bad fixtures the pairs alone catch, called in-process on one pair (cheap, no child) ---
+
+def _fixture_module(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_fx_{Path(path).parent.name}", REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_moe_position_dependent_weights_pass_the_reference_and_break_the_pair():
+    from guards.cases import output_specs
+
+    task = _task("k3_moe_dispatch")
+    fx = _fixture_module(FIXTURE + "/k3_model/kernels/moe_dispatch/__init__.py")
+    ref = load_task_module(task, "reference")
+    w = task.workload("k3_t33").model_copy(update={"name": "random-0-realistic", "invariance": "token_permutation"})
+    c = build_case(task, w, 4)
+    got = []
+    for inputs in (c.inputs_a, c.inputs_b):
+        outs = {k: torch.empty(s["shape"], dtype=getattr(torch, s["dtype"])) for k, s in output_specs(task, w.axes).items()}
+        fx.moe_route_dispatch(**{k: v.clone() for k, v in inputs.items()}, **c.kwargs, **outs)
+        assert ref.check(inputs, c.kwargs, outs, _ref(task, inputs, c.kwargs), task.correctness.tolerance) == []
+        got.append(outs)
+    lines = _relation(task, c, *got)
+    assert lines and all(m.startswith("topk_weights[") for m in lines), lines
+
+
+def test_allreduce_position_dependent_rounding_passes_the_reference_and_breaks_the_pair():
+    task = _task("k3_allreduce_rmsnorm")
+    fx = _fixture_module("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
+                         "/k3_model/kernels/allreduce_rmsnorm/__init__.py")
+    ref = load_task_module(task, "reference")
+    w = task.workload(next(w.name for w in task.correctness.workloads if w.axes["W"] == 1 and w.axes["T"] >= 4))
+    c = build_case(task, w.model_copy(update={"name": "random-0-realistic", "invariance": "token_permutation"}), 4)
+    got = []
+    for inputs in (c.inputs_a, c.inputs_b):
+        x, r = inputs["x"][0].clone(), inputs["residual"].clone()
+        fx.allreduce_add_rmsnorm(x, r, inputs["weight"].clone(), eps=c.kwargs["eps"])
+        outs = {"x": x, "residual": r}
+        assert ref.check(inputs, c.kwargs, outs, _ref(task, inputs, c.kwargs), task.correctness.tolerance) == []
+        got.append(outs)
+    lines = _relation(task, c, *got)
+    assert len(lines) == 1 and lines[0].startswith("x[") and "rows differ (bitwise)" in lines[0], lines
+
+
+ALLREDUCE_FIXTURE = "tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
+
+
+@pytest.mark.slow
+def test_position_dependent_rounding_fails_the_pair_and_shrinks_within_it(project_repo):
+    """Caught at TP 1 by the pair; the shrinker stays where the pair applies (T >= 2): a one-token try,
+    without the pair, passes, and a try whose TP size is below the kernel's declared ones is not
+    refused by the child's early scope check (which once read as "still fails" down to T = 1, D = 1)."""
+    from guards.base import GuardContext
+    from guards.isolation import IsolationGuard
+    from guards.verdict import Status
+    from workbench.worktree import create_candidate
+
+    task = load_task(project_repo, "k3_allreduce_rmsnorm")
+    cand = create_candidate(project_repo, task.task_id, str(project_repo / ALLREDUCE_FIXTURE))
+    ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
+                       candidate_commit=cand.candidate_commit, device="cpu", seed=11)
+    assert IsolationGuard().check(ctx).status is Status.PASS
+    v = CorrectnessGuard().check(ctx)
+    assert v.status is Status.FAIL and "[metamorphic token_permutation] x[" in v.summary, v.one_line()
+    failed = [c for c in ctx.artifacts["cases"] if not c["passed"]]
+    assert failed and all(m.startswith("[rank") or m.startswith("[metamorphic token_permutation]")
+                          for c in failed for m in c["mismatches"]), failed
+    shrunk = next(e for e in v.evidence if e.name == "shrunk")
+    t = int(shrunk.value.split("'T': ")[1].split(",")[0])
+    assert t >= 2, shrunk
