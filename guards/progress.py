@@ -71,8 +71,39 @@ def current() -> Step:
     return _step
 
 
+_interrupt = threading.Event()
+"""Set by the CLI's SIGINT handler: Ctrl-C was pressed during this judgment."""
+
+
+def request_interrupt() -> None:
+    """Record a Ctrl-C (called from the SIGINT handler, before it raises ``KeyboardInterrupt``)."""
+    _interrupt.set()
+
+
+def clear_interrupt() -> None:
+    """Forget a recorded Ctrl-C (a new judgment starts, or the interrupted one was handled)."""
+    _interrupt.clear()
+
+
+def check_interrupt() -> None:
+    """Raise ``KeyboardInterrupt`` when a Ctrl-C was recorded.
+
+    Python drops an exception raised while a finalizer (``__del__``, a weakref callback) runs in the
+    main thread ("Exception ignored in ..."), so a ``KeyboardInterrupt`` that lands there is lost and the
+    judgment would go on; every progress report and every finished child checks again, so the Ctrl-C
+    takes effect at the next one. Source: the CI run of session 6 (a SIGINT mid-correctness was lost,
+    the run went on to perf).
+
+    Raises:
+        KeyboardInterrupt: a Ctrl-C was recorded (:func:`request_interrupt`).
+    """
+    if _interrupt.is_set():
+        raise KeyboardInterrupt
+
+
 def _publish(step: Step) -> None:
     global _step
+    check_interrupt()
     with _lock:
         _step = step
         view = _view

@@ -439,6 +439,9 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
                 problem = f"child response unreadable ({type(exc).__name__}: {exc})"
         session.outcome = ChildOutcome(response, proc.returncode, timed_out, duration, _tail(out_path),
                                        _tail(err_path), problem, uid)
+        from guards import progress
+
+        progress.check_interrupt()  # a Ctrl-C whose KeyboardInterrupt was lost while the child ran
 
 
 def free_tcp_port() -> int:

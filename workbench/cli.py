@@ -88,9 +88,19 @@ EXIT_INTERRUPTED = 130
 @contextlib.contextmanager
 def _judging() -> Iterator[None]:
     """Show the judgment's progress on stderr; on Ctrl-C stop every child, say what was interrupted, exit 130."""
+    import signal
+    import threading
+
+    from guards import progress
     from guards.sandbox import kill_all_children
     from workbench.progress_view import showing_progress
 
+    def on_sigint(signum, frame):  # record it too: a KeyboardInterrupt raised inside a finalizer is lost
+        progress.request_interrupt()
+        raise KeyboardInterrupt
+
+    progress.clear_interrupt()
+    old = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
     try:
         with showing_progress(err):
             yield
@@ -101,6 +111,10 @@ def _judging() -> Iterator[None]:
         note = exc.note if isinstance(exc, Interrupted) else f"Interrupted: stopped {groups} child process group(s)."
         err.print(f"[yellow]{escape(note)}[/]")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+        progress.clear_interrupt()
 
 
 def _fail(exc: Exception) -> None:
