@@ -464,11 +464,11 @@ def _judge_mode(job: JudgeJob, mode: str) -> dict[str, Any]:
         wt = _checkout(job, Path(tmp))
         ctx = GuardContext(task=task, repo_root=REPO_ROOT, worktree=wt, base_commit="study", candidate_commit="study",
                            device="cpu", seed=job.probe_seed if mode == "probe" else job.seed)
-        ctx.artifacts["changed_paths"] = fixture_sources(fixture_dir(job.task_id))  # what isolation would list
+        ctx.artifacts.changed_paths = fixture_sources(fixture_dir(job.task_id))  # what isolation would list
         if mode != "probe":
             verdicts = run_guards(ctx, [StudyCorrectness(), ActivationGuard()])
             killer = next((v for v in verdicts if v.status in (Status.FAIL, Status.ERROR)), None)
-            cases = ctx.artifacts.get("cases", [])
+            cases = ctx.artifacts.cases or []
             return {
                 "wall_s": round(time.monotonic() - t0, 2),
                 "verdicts": [{"guard": v.guard, "status": v.status.value, "summary": v.summary[:600]} for v in verdicts],

@@ -173,30 +173,33 @@ class ActivationGuard:
     """Checks the recorded dispatch decisions against the declared scope."""
 
     name = "activation"
+    reads = ("changed_paths", "scope", "scope_verdict", "imported_files", "tested_tp_sizes", "cases", "traces",
+             "case_objects")
+    writes: tuple[str, ...] = ()
 
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
-        if "cases" not in ctx.artifacts and "scope_verdict" not in ctx.artifacts:
+        if ctx.artifacts.cases is None and ctx.artifacts.scope_verdict is None:
             raise RuntimeError("activation guard needs the correctness guard's trace; run correctness first")
-        claimed = ctx.artifacts.get("scope")
+        claimed = ctx.artifacts.scope
         if claimed is None:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"No latency-specialized kernel is merged for op {task.op!r}: the candidate's path never runs.",
                 evidence=(Evidence(name="declared_scope", value="none", path=f"k3_model/kernels/{task.op}/"),),
             )
-        early = ctx.artifacts.get("scope_verdict")
+        early = ctx.artifacts.scope_verdict
         if early is not None:  # found before correctness ran (guards/correctness.py): no configuration ran
             return early
-        bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.get("tested_tp_sizes", [1]))
+        bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.tested_tp_sizes or [1])
         if bad is not None:
             return bad
         scope = claimed_scope(claimed, task.op)
         # from here on only the parsed value, as the dispatcher (lists: the form the child reports)
         claimed = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
-        changed_py = sorted(p for p in ctx.artifacts.get("changed_paths", []) if p.endswith(".py")
+        changed_py = sorted(p for p in ctx.artifacts.changed_paths or [] if p.endswith(".py")
                             and (ctx.worktree / p).is_file())
-        ran_files = set(ctx.artifacts.get("imported_files", []))
+        ran_files = set(ctx.artifacts.imported_files or [])
         if not set(changed_py) & ran_files:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
@@ -209,14 +212,14 @@ class ActivationGuard:
             )
         dtype = task.inputs[task.scope.dtype_input].dtype
         wrong, ran, expected_ls = [], 0, 0
-        for case in ctx.artifacts["cases"]:
+        for case in ctx.artifacts.cases:
             batch = case["axes"][task.scope.batch_axis]
-            phase = next((c.workload.phase for c in ctx.artifacts["case_objects"] if c.name == case["name"]), "decode")
+            phase = next((c.workload.phase for c in ctx.artifacts.case_objects if c.name == case["name"]), "decode")
             expect = LS if claims(scope, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
                                   tp=case.get("world_size", 1), op=task.op,
                                   shapes=case_shapes(task, case["axes"])) else "standard"
             expected_ls += expect == LS
-            seen = [d.get("implementation") for calls in ctx.artifacts["traces"].get(case["name"], []) for d in calls
+            seen = [d.get("implementation") for calls in ctx.artifacts.traces.get(case["name"], []) for d in calls
                     if d.get("op") == task.op]
             if not seen:
                 wrong.append((case["name"], batch, expect, "never dispatched"))

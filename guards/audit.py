@@ -582,6 +582,8 @@ class AuditGuard:
     """Reads the candidate's changed sources from git; never imports them."""
 
     name = "audit"
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
 
     def check(self, ctx: GuardContext) -> Verdict:
         repo = git.Repo(ctx.repo_root)

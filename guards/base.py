@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from guards.artifacts import Artifacts
 
 from guards.verdict import Verdict
 from workbench.taskspec import TaskSpec
@@ -24,8 +26,9 @@ class GuardContext:
         base_commit, candidate_commit: full SHAs; the diff between them is the candidate.
         device: ``cpu`` or ``cuda``.
         seed: the run-time seed (never shown to the candidate).
-        artifacts: data guards hand on to later guards and to the result file
-            (``cases``, ``scope``, ``traces``, ``perf``).
+        artifacts: data guards hand on to later guards and to the result file (typed fields,
+            :class:`guards.artifacts.Artifacts`; inside ``run_guards`` each guard sees a view limited
+            to what it declares in ``reads``/``writes``).
     """
 
     task: TaskSpec
@@ -35,7 +38,7 @@ class GuardContext:
     candidate_commit: str
     device: str
     seed: int
-    artifacts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    artifacts: Artifacts = dataclasses.field(default_factory=Artifacts)
 
 
 class Guard(Protocol):
@@ -43,5 +46,9 @@ class Guard(Protocol):
     the guard itself cannot work (the pipeline records that as ERROR)."""
 
     name: str
+    reads: tuple[str, ...]
+    """Artifacts (:class:`guards.artifacts.Artifacts` fields) this guard reads from earlier guards."""
+    writes: tuple[str, ...]
+    """Artifacts this guard writes (each field has one writer)."""
 
     def check(self, ctx: GuardContext) -> Verdict: ...

@@ -200,6 +200,8 @@ class CorrectnessGuard:
     """Runs the candidate's op through the dispatcher in a child (one per TP rank) and checks every output."""
 
     name = "correctness"
+    reads: tuple[str, ...] = ()
+    writes = ("scope", "scope_verdict", "imported_files", "tested_tp_sizes", "cases", "traces", "case_objects")
 
     def _run(self, ctx: GuardContext, cases: list[Case], ref=None, tp_sizes: list[int] | None = None):
         """Run every case; returns (per-case list of per-rank results, failure verdict or None, duration, outcome).
@@ -391,20 +393,20 @@ class CorrectnessGuard:
         stopped = [c for c in cases if c.name not in by_name] if task.distributed is not None else []
         cases = [c for c in cases if c not in stopped]
         resp = outcome.response
-        ctx.artifacts["scope"] = resp.get("scope")
+        ctx.artifacts.scope = resp.get("scope")
         if resp.get("scope_beyond_limits"):
             from guards.activation import scope_verdict
 
             early = scope_verdict(resp.get("scope"), task, ctx.device, planned_tp)
             if early is not None:  # the activation guard reports it; no configuration ran
-                ctx.artifacts["scope_verdict"] = early
+                ctx.artifacts.scope_verdict = early
                 return Verdict(guard=self.name, status=Status.SKIP,
                                summary="Not run: the kernel's declared scope claims what this run does not test, "
                                        f"so no configuration ran (the activation guard rejects it): {early.summary}",
                                evidence=early.evidence)
             # the child's shortcut disagrees with the judge's rule: judge what ran (nothing), fail below
-        ctx.artifacts["imported_files"] = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
-        ctx.artifacts["tested_tp_sizes"] = sorted({c.world_size for c in cases})
+        ctx.artifacts.imported_files = [f for f in resp.get("imported_files", []) if isinstance(f, str)]
+        ctx.artifacts.tested_tp_sizes = sorted({c.world_size for c in cases})
         case_results, failures, traces = [], [], {}
         for case in cases:
             ranks = by_name.get(case.name) or []
@@ -421,9 +423,9 @@ class CorrectnessGuard:
             })
             if not passed:
                 failures.append((case, mism))
-        ctx.artifacts["cases"] = case_results
-        ctx.artifacts["traces"] = traces
-        ctx.artifacts["case_objects"] = cases
+        ctx.artifacts.cases = case_results
+        ctx.artifacts.traces = traces
+        ctx.artifacts.case_objects = cases
         n = len(cases)
         pairs: dict[str, int] = {}
         for c in cases:

@@ -65,6 +65,8 @@ class IsolationGuard:
     """Reads the diff base..candidate from git; never runs candidate code."""
 
     name = "isolation"
+    reads: tuple[str, ...] = ()
+    writes = ("changed_paths",)
 
     def check(self, ctx: GuardContext) -> Verdict:
         repo = git.Repo(ctx.repo_root)
@@ -99,7 +101,7 @@ class IsolationGuard:
             elif len(data) > MAX_FILE_BYTES:
                 problems.append(Evidence(name="file_too_large", value=len(data), unit="bytes", path=d.b_path))
         changed = sorted(set(changed))
-        ctx.artifacts["changed_paths"] = changed
+        ctx.artifacts.changed_paths = changed
         if not changed:
             return Verdict(guard=self.name, status=Status.FAIL, summary="The candidate changes nothing.",
                            evidence=(Evidence(name="changed_paths", value=0, unit="count"),))

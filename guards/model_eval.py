@@ -214,6 +214,8 @@ class ModelEvalGuard:
     """Runs K3-mini end to end with the candidate vs the standard path (see the module docstring)."""
 
     name = "model_eval"
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
 
     def __init__(self, settings: ModelEvalSettings | None = None) -> None:
         self.settings = settings
@@ -336,7 +338,6 @@ class ModelEvalGuard:
         worst_b = max(range(s.batch), key=lambda b: counts[b])
         ev.append(Evidence(name="bf16_max_flip_fraction", value=round(counts[worst_b] / G, 4), unit="ratio",
                            path=f"sequence {worst_b}: {counts[worst_b]} of {G} steps; bound {s.bf16_max_flip_fraction:g}"))
-        ctx.artifacts["model_eval_bf16"] = {e.name: e.value for e in ev}
         if counts[worst_b] / G > s.bf16_max_flip_fraction:
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"In bfloat16, the candidate's greedy choice differs from the standard path's on "
@@ -427,7 +428,6 @@ class ModelEvalGuard:
               Evidence(name="kda_prefill_chunks", value=int(cand["forward_calls"]["prefill"]), unit="chunks",
                        path=f"{s.prefill_chunk} tokens per chunk"),
               Evidence(name="child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s")]
-        ctx.artifacts["model_eval"] = {e.name: e.value for e in ev}
         if bool(real.any()):
             b, g = (int(x) for x in real.nonzero()[0])
             first_drift = (drift > s.max_logprob_drift).nonzero()
@@ -527,7 +527,6 @@ class ModelEvalGuard:
                Evidence(name="vllm_greedy_mismatches", value=len(cmp.mismatches), unit="sequences"),
                Evidence(name="vllm_near_tie_flips_excused", value=len(cmp.excused), unit="sequences",
                         path=f"standard top-1/top-2 margin < {s.tie_margin} nats")]
-        ctx.artifacts["model_eval_vllm"] = {e.name: e.value for e in ev}
         if cmp.mismatches:
             b, g = min(cmp.mismatches, key=lambda bg: (bg[1], bg[0]))
             return Verdict(guard=self.name, status=Status.FAIL,

@@ -168,6 +168,8 @@ class PerfGuard:
     """Times baseline and candidate per perf workload in one child."""
 
     name = "perf"
+    reads = ("scope",)
+    writes = ("perf",)
     random_draws: int | None = None
     """Run-time perf draws (count); ``None``: :data:`PERF_RANDOM_DRAWS` (the self-check's estimate uses 0)."""
     extension_rounds: int | None = None
@@ -176,7 +178,7 @@ class PerfGuard:
     def check(self, ctx: GuardContext) -> Verdict:
         task = ctx.task
         self._artifacts = ctx.artifacts
-        claimed = ctx.artifacts.get("scope")
+        claimed = ctx.artifacts.scope
         if claimed is None:
             raise RuntimeError("perf guard needs the declared scope from the correctness guard")
         if ctx.device not in task.perf.devices:
@@ -414,7 +416,7 @@ class PerfGuard:
 
     def _verdict(self, task, results: list, timed) -> Verdict:
         results.sort(key=lambda r: self._order[r["name"]])
-        self._artifacts["perf"] = results
+        self._artifacts.perf = results
         return perf_verdict(task, results, [c.name for c in timed], guard=self.name)
 
 

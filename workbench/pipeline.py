@@ -5,6 +5,7 @@ Source: DESIGN.md "The flow of one candidate".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import shlex
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guards import progress
+from guards.artifacts import view_for
 from guards.base import Guard, GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
@@ -60,7 +62,7 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
         t0 = time.monotonic()
         progress.guard_started(g.name, i, len(guards))
         try:
-            v = g.check(ctx)
+            v = g.check(dataclasses.replace(ctx, artifacts=view_for(ctx.artifacts, g)))
         except Exception as exc:
             logger.debug("guard %s raised", g.name, exc_info=True)
             tb = "".join(traceback.format_exception(exc, limit=-6))[-3000:]
@@ -152,7 +154,7 @@ def judge_candidate(
 
     key = retries.content_key(cand.worktree, task, cand.base_commit, cand.candidate_commit, device,
                               tuple(g.name for g in guards))
-    pooled = retries.pool(task, verdicts, ctx.artifacts.get("perf", []),
+    pooled = retries.pool(task, verdicts, ctx.artifacts.perf or [],
                           retries.earlier_judgings(state_dir(repo_root), key), device=device, seed=seed)
     if pooled.judging > 1:
         logger.info("judging %d of content %s: pooled with %s", pooled.judging, key[:12], ", ".join(pooled.pooled_from))
@@ -160,7 +162,7 @@ def judge_candidate(
     tag = f"-a{attempt}" if attempt is not None else ""
     result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}{tag}-{cand.candidate_commit[:8]}"
     trace = []
-    for calls in ctx.artifacts.get("traces", {}).values():
+    for calls in (ctx.artifacts.traces or {}).values():
         for call in calls:
             trace.extend(call)
     result = RunResult(
@@ -169,7 +171,7 @@ def judge_candidate(
         task_spec_sha256=file_sha256(Path(task.root) / "task.toml"),
         candidate=CandidateInfo(source=cand.source, kind=cand.kind, branch=cand.branch, worktree=str(cand.worktree),
                                 base_commit=cand.base_commit, candidate_commit=cand.candidate_commit,
-                                changed_paths=tuple(ctx.artifacts.get("changed_paths", ())), agent=agent,
+                                changed_paths=tuple(ctx.artifacts.changed_paths or ()), agent=agent,
                                 transcript_path=transcript_path),
         environment=envmod.collect(device),
         device=device,
@@ -180,7 +182,7 @@ def judge_candidate(
         pooled_from=tuple(pooled.pooled_from),
         perf_judged=perf_was_judged(verdicts),
         seed=seed,
-        cases=tuple(CaseResult(**c) for c in ctx.artifacts.get("cases", [])),
+        cases=tuple(CaseResult(**c) for c in ctx.artifacts.cases or []),
         perf=tuple(PerfResult(**p) for p in pooled.perf),
         dispatch_trace=tuple(trace[:2000]),
         command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} "

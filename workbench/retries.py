@@ -171,7 +171,7 @@ def pool(task, verdicts: list[Verdict], perf: list[dict], earlier: list[Judging]
     Args:
         task: the task spec (perf thresholds).
         verdicts: this judging's verdicts, in pipeline order.
-        perf: this judging's perf entries (``ctx.artifacts["perf"]``).
+        perf: this judging's perf entries (``ctx.artifacts.perf``).
         earlier: :func:`earlier_judgings` of its key.
         device: ``cpu`` or ``cuda`` (the regression test's calibrated thresholds).
         seed: bootstrap seed of the pooled intervals.

@@ -10,6 +10,7 @@ import pydantic
 import pytest
 
 from guards.activation import ActivationGuard, scope_excess
+from guards.artifacts import Artifacts
 from guards.base import GuardContext
 from guards.correctness import CorrectnessGuard
 from guards.isolation import IsolationGuard
@@ -83,7 +84,7 @@ def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
     corr = CorrectnessGuard().check(ctx)
     # rejected before any configuration runs (issue 17 item 6): correctness SKIPs, activation decides
     assert corr.status is Status.SKIP and corr.summary.startswith("Not run: the kernel's declared scope claims")
-    assert "cases" not in ctx.artifacts
+    assert ctx.artifacts.cases is None
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
     assert "batch [1, 128] exceeds the task's [1, 64]" in v.summary
@@ -95,7 +96,7 @@ def test_narrow_scope_passes_activation_and_records_fallbacks(project_repo, tmp_
     assert CorrectnessGuard().check(ctx).status is Status.PASS
     v = ActivationGuard().check(ctx)
     assert v.status is Status.PASS
-    impl = {c["name"]: c["implementation"] for c in ctx.artifacts["cases"]}
+    impl = {c["name"]: c["implementation"] for c in ctx.artifacts.cases}
     assert impl["k3_t8"] == "latency_specialized" and impl["k3_t16"] == "standard" and impl["k3_t64"] == "standard"
 
 
@@ -105,6 +106,13 @@ def test_scope_excess_lists_every_excess():
                         "dtypes": ["float32"], "batch_min": 1, "batch_max": 64}, task.scope)
     assert out == ["devices ['tpu'] not in the task's ['cpu', 'cuda']",
                    "phases ['prefill'] not in the task's ['decode']", "tp_sizes [8] not in the task's [1]"]
+
+
+def _plain_ctx() -> GuardContext:
+    """A context for guards that look at nothing but ``ctx.artifacts``."""
+    root = Path(__file__).resolve().parents[2]
+    return GuardContext(task=load_task(root, "k3_moe_dispatch"), repo_root=root, worktree=root, base_commit="0" * 40,
+                        candidate_commit="0" * 40, device="cpu", seed=1)
 
 
 class _Boom:
@@ -123,12 +131,12 @@ class _Pass:
 
 
 def test_guard_exception_is_error_and_stops_the_run():
-    vs = run_guards(None, [_Pass("isolation"), _Boom(), _Pass("activation")])  # type: ignore[arg-type]
+    vs = run_guards(_plain_ctx(), [_Pass("isolation"), _Boom(), _Pass("activation")])
     assert [v.status for v in vs] == [Status.PASS, Status.ERROR, Status.SKIP]
     assert "KeyError" in vs[1].summary and vs[2].summary == "Not run: boom did not pass."
     assert not is_accepted(vs)
     assert is_accepted(run_guards(None, [_Pass("isolation"), _Pass("activation")]))  # type: ignore[arg-type]
-    assert not is_accepted(run_guards(None, [_Pass("isolation")]))  # no proof the path ran
+    assert not is_accepted(run_guards(_plain_ctx(), [_Pass("isolation")]))  # no proof the path ran
 
 
 def test_verdict_rules():
@@ -311,7 +319,7 @@ def _activation_ctx(tmp_path: Path, scope) -> GuardContext:
     task = load_task(Path(__file__).resolve().parents[2], "k3_moe_dispatch")
     return GuardContext(task=task, repo_root=tmp_path, worktree=tmp_path, base_commit="b" * 40,
                         candidate_commit="c" * 40, device="cpu", seed=1,
-                        artifacts={"cases": [], "case_objects": [], "traces": {}, "scope": scope})
+                        artifacts=Artifacts(cases=[], case_objects=[], traces={}, scope=scope))
 
 
 @pytest.mark.parametrize("scope, got", [

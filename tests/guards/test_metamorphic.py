@@ -326,7 +326,7 @@ def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project
         ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
                            candidate_commit=cand.candidate_commit, device="cpu", seed=11)
         assert IsolationGuard().check(ctx).status is Status.PASS
-        return CorrectnessGuard().check(ctx), ctx.artifacts["cases"]
+        return CorrectnessGuard().check(ctx), ctx.artifacts.cases
 
     v, cases = judge()
     assert v.status is Status.FAIL, v.one_line()
@@ -408,7 +408,7 @@ def test_position_dependent_rounding_fails_the_pair_and_shrinks_within_it(projec
     assert IsolationGuard().check(ctx).status is Status.PASS
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL and "[metamorphic token_permutation] x[" in v.summary, v.one_line()
-    failed = [c for c in ctx.artifacts["cases"] if not c["passed"]]
+    failed = [c for c in ctx.artifacts.cases if not c["passed"]]
     assert failed and all(m.startswith("[rank") or m.startswith("[metamorphic token_permutation]")
                           for c in failed for m in c["mismatches"]), failed
     shrunk = next(e for e in v.evidence if e.name == "shrunk")

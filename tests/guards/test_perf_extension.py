@@ -70,7 +70,7 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
 
     monkeypatch.setattr(perf, "_every_call_problem", spy)
     perf.PerfGuard().check(ctx)
-    (entry,) = ctx.artifacts["perf"]
+    (entry,) = ctx.artifacts.perf
     n = 1 + perf.PERF_EXTENSION_ROUNDS
     assert entry["extension_rounds"] == perf.PERF_EXTENSION_ROUNDS
     assert len(entry["candidate_us"]) == len(entry["baseline_us"]) == 12 * n

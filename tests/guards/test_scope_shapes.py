@@ -119,7 +119,7 @@ def test_a_kernel_wrong_only_outside_its_declared_shapes_is_accepted_and_without
     ctx = _ctx(project_repo, tmp_path, src.replace(OLD_SCOPE, NEW_SCOPE), "tail-bug-declared", draws=1, seed=0)
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.PASS, v.summary
-    impl = {c["name"]: (c["axes"]["D"], c["implementation"]) for c in ctx.artifacts["cases"]}
+    impl = {c["name"]: (c["axes"]["D"], c["implementation"]) for c in ctx.artifacts.cases}
     assert impl == {"k3_w2_t8": (7168, "latency_specialized"), "mini_w2_t5": (256, "latency_specialized"),
                     "edge_hidden_250_w2": (250, "standard"), "random-0-negative-zero": (3881, "standard"),
                     "random-0-negative-zero-in-shapes": (3880, "latency_specialized")}
