@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Protocol
 
 from guards.artifacts import Artifacts
-
 from guards.verdict import Verdict
 from workbench.taskspec import TaskSpec
 

@@ -11,9 +11,9 @@ import pytest
 from guards.artifacts import ArtifactAccessError, Artifacts, view_for
 from guards.base import GuardContext
 from guards.verdict import Status, Verdict
+from tests.conftest import REPO_ROOT
 from workbench.pipeline import default_guards, run_guards
 from workbench.taskspec import load_task
-from tests.conftest import REPO_ROOT
 
 
 class _Writer:
