@@ -308,7 +308,7 @@ def test_shrink_keeps_the_pair_where_it_applies_and_drops_it_below():
 
 # --- end to end: the bad fixture the pair alone catches ---
 
-FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-weights-depend-on-batch-position"
+FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-weights-depend-on-batch-position.inject.toml"
 
 
 @pytest.mark.slow
@@ -346,7 +346,11 @@ def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project
 def _fixture_module(path: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_fx_{Path(path).parent.name}", REPO / path)
+    from workbench.fixtures import materialize_inject
+
+    inject, _, rest = path.partition(".inject.toml/")  # an inject fixture: its materialized overlay
+    file = materialize_inject(REPO / (inject + ".inject.toml")) / rest if rest else REPO / path
+    spec = importlib.util.spec_from_file_location(f"_fx_{Path(path).parent.name}", file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -373,7 +377,7 @@ def test_moe_position_dependent_weights_pass_the_reference_and_break_the_pair():
 def test_allreduce_position_dependent_rounding_passes_the_reference_and_breaks_the_pair():
     task = _task("k3_allreduce_rmsnorm")
     fx = _fixture_module("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
-                         "/k3_model/kernels/allreduce_rmsnorm/__init__.py")
+                         ".inject.toml/k3_model/kernels/allreduce_rmsnorm/__init__.py")
     ref = load_task_module(task, "reference")
     w = task.workload(next(w.name for w in task.correctness.workloads if w.axes["W"] == 1 and w.axes["T"] >= 4))
     c = build_case(task, w.model_copy(update={"name": "random-0-realistic", "invariance": "token_permutation"}), 4)
@@ -388,7 +392,7 @@ def test_allreduce_position_dependent_rounding_passes_the_reference_and_breaks_t
     assert len(lines) == 1 and lines[0].startswith("x[") and "rows differ (bitwise)" in lines[0], lines
 
 
-ALLREDUCE_FIXTURE = "tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position"
+ALLREDUCE_FIXTURE = "tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-rounding-depends-on-token-position.inject.toml"
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from guards.correctness import CorrectnessGuard
 from guards.isolation import IsolationGuard
 from guards.verdict import Status
 from k3_model.dispatch import BatchInfo, OpScope, route
+from workbench.fixtures import materialize_inject
 from workbench.taskspec import load_task
 from workbench.worktree import create_candidate
 
@@ -76,7 +77,7 @@ def test_claims_and_the_dispatcher_agree_on_shapes():
                           shapes=shapes) is want
 
 
-TAIL_BUG = Path("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-assumes-hidden-multiple-of-8")
+TAIL_BUG = Path("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-assumes-hidden-multiple-of-8.inject.toml")
 KERNEL = "k3_model/kernels/allreduce_rmsnorm/__init__.py"
 OLD_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2, 4, 8), dtypes=("bfloat16",),
                 batch_min=1, batch_max=64)"""
@@ -106,7 +107,7 @@ def _ctx(repo: Path, tmp_path: Path, src: str, name: str, draws: int = 0, seed: 
 @pytest.mark.slow
 def test_a_kernel_wrong_only_outside_its_declared_shapes_is_accepted_and_without_the_declaration_rejected(
         project_repo, tmp_path):
-    src = (project_repo / TAIL_BUG / KERNEL).read_text()
+    src = (materialize_inject(project_repo / TAIL_BUG) / KERNEL).read_text()
     assert OLD_SCOPE in src
     # as shipped (SCOPE does not exclude D = 250; TP 2 only, as judged here): correctness rejects it there
     ctx = _ctx(project_repo, tmp_path, src.replace(OLD_SCOPE, TP2_SCOPE), "tail-bug")
