@@ -9,6 +9,11 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   importlib, pytest, guards, workbench, tasks, ...);
 - ``process-control`` / ``environment`` / ``file-access``: ``os.system``, ``os.fork``, ``os._exit``,
   ``os.kill``, ``os.environ``, ``os.getenv``, ``open()``, pathlib reads and writes, ...;
+- ``process-identity``: what tells the judge's child from a serving process: ``sys.flags``, ``sys.argv``,
+  ``sys.executable``, ``os.getpid``/``getppid``/``getuid``/``getcwd``/``cpu_count``, ... (and the modules
+  ``platform``, ``getpass``, ``pwd``, ``psutil``), and tensor internals such as ``._version`` (the judge
+  refills its buffers in place, a model passes fresh activations); a kernel computes the same thing in
+  both, so it has no use for them (session 7's red team: ``sys.flags.isolated``, ``_version > 0``);
 - ``timer``: ``perf_counter``, ``monotonic``, ``torch.cuda.Event``, ``elapsed_time``;
 - ``side-stream``: creating or switching CUDA streams (work the timer's stream does not wait for);
 - ``harness-reference``: names or strings pointing at the task's reference, the guards, the
@@ -65,6 +70,8 @@ FORBIDDEN_MODULES = {
     "asyncio": "event loop", "signal": "signals", "faulthandler": "signals", "resource": "process limits",
     "fcntl": "file control", "mmap": "shared memory", "select": "fds", "selectors": "fds",
     "time": "timer", "timeit": "timer", "sched": "timer",
+    "platform": "process identity", "getpass": "process identity", "pwd": "process identity",
+    "grp": "process identity", "sysconfig": "process identity",
     "inspect": "introspection", "gc": "introspection", "tracemalloc": "introspection", "trace": "introspection",
     "importlib": "import machinery", "builtins": "builtins", "__builtin__": "builtins", "site": "import machinery",
     "sitecustomize": "import machinery", "usercustomize": "import machinery", "atexit": "exit hooks",
@@ -86,6 +93,18 @@ OS_CALLS = {
         "makedirs", "rmdir", "removedirs", "chmod", "chown", "chdir", "truncate", "utime", "mkfifo", "listdir",
         "scandir", "walk", "fdopen")},
 }
+IDENTITY_SYS_ATTRS = {"flags", "argv", "orig_argv", "executable", "_base_executable", "_xoptions", "warnoptions",
+                      "prefix", "base_prefix", "exec_prefix", "base_exec_prefix", "stdin", "__stdin__", "ps1",
+                      "dont_write_bytecode", "_git", "implementation", "getrefcount"}
+IDENTITY_OS_CALLS = {"getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getgroups", "getlogin",
+                     "getcwd", "getcwdb", "uname", "ttyname", "isatty", "getpgrp", "getpgid", "getsid",
+                     "getpriority", "cpu_count", "process_cpu_count", "sched_getaffinity", "getloadavg", "times",
+                     "getresuid", "getresgid", "get_terminal_size", "ctermid", "umask"}
+"""What tells one process from another (interpreter flags, argv, pids, uid, cwd, cores, load): a kernel
+computes the same thing in the judge's children as in a serving process, so it has no use for them."""
+IDENTITY_TENSOR_ATTRS = {"_version", "_base", "_cdata", "_is_view", "_backward_hooks", "_python_dispatch"}
+"""Tensor internals that tell the judge's buffers (refilled in place, version > 0) from a model's fresh
+activations: a kernel's result and speed must not depend on them."""
 SYS_ATTRS = {"modules", "_getframe", "settrace", "setprofile", "setrecursionlimit", "exit", "meta_path",
              "path_hooks", "path", "addaudithook", "_current_frames", "setswitchinterval", "stdout", "stderr",
              "__stdout__", "__stderr__", "excepthook", "breakpointhook"}
@@ -312,6 +331,8 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, OS_CALLS[a.name], f"from os import {a.name}")
             if mod == "sys" and a.name in SYS_ATTRS:
                 self.add(node, "monkeypatch", f"from sys import {a.name}")
+            if (mod, a.name) in {("os", n) for n in IDENTITY_OS_CALLS} | {("sys", n) for n in IDENTITY_SYS_ATTRS}:
+                self.add(node, "process-identity", f"from {mod} import {a.name}")
             if a.name in TIMER_ATTRS and mod.startswith(("time", "torch")):
                 self.add(node, "timer", f"from {mod} import {a.name}")
             if mod == "k3_model.dispatch" and a.name not in ("OpScope", "DispatchError"):
@@ -490,7 +511,13 @@ class _PyAudit(ast.NodeVisitor):
         if root and dotted.startswith(root + ".") and root in self.imported:
             dotted = bound + dotted[len(root):]  # resolve import aliases: dispatch.select -> k3_model.dispatch.select
         base = bound.split(".")[0] if bound else ""
-        if base == "os" and node.attr in OS_CALLS and isinstance(node.value, ast.Name):
+        if base in ("os", "sys") and isinstance(node.value, ast.Name) and node.attr in (
+                IDENTITY_OS_CALLS if base == "os" else IDENTITY_SYS_ATTRS):
+            self.add(node, "process-identity", f"uses {dotted}: tells the judge's child from a serving process")
+        elif node.attr in IDENTITY_TENSOR_ATTRS:
+            self.add(node, "process-identity", f"uses .{node.attr}: tells the judge's refilled buffers from fresh "
+                                               "activations")
+        elif base == "os" and node.attr in OS_CALLS and isinstance(node.value, ast.Name):
             self.add(node, OS_CALLS[node.attr], f"uses {dotted}")
         elif base == "sys" and node.attr in SYS_ATTRS and isinstance(node.value, ast.Name):
             self.add(node, "monkeypatch", f"uses {dotted}")

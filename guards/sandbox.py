@@ -271,22 +271,27 @@ class ChildSession:
 _live_lock = threading.Lock()
 _live: dict[int, int | None] = {}
 """Process-group id -> uid (None: the workbench's own) of every child started and not yet reaped."""
+_stopped_on_interrupt = 0
+"""Children killed by their session's clean-up because an exception (Ctrl-C) left it, not yet reported."""
 
 
 def kill_all_children() -> int:
     """Kill every live child's process group (and its uid's processes): the Ctrl-C path.
 
     Safe from any thread; the sessions' own clean-up then finds them dead. Returns how many process
-    groups were signalled.
+    groups were stopped: those signalled here, plus those their session killed on its way out since
+    the last call (a Ctrl-C unwinds through the session first, so those are most of them).
     """
+    global _stopped_on_interrupt
     with _live_lock:
         live = dict(_live)
+        earlier, _stopped_on_interrupt = _stopped_on_interrupt, 0
     for pgid, uid in live.items():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         if uid is not None:
             _kill_uid(uid)
-    return len(live)
+    return len(live) + earlier
 
 
 @contextlib.contextmanager
@@ -404,7 +409,14 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
                             proc.wait(timeout=max(0.0, session.deadline - time.monotonic()))
                         except subprocess.TimeoutExpired:
                             timed_out = True
+                        except BaseException:
+                            interrupted = True
+                            raise
                 finally:  # also when Ctrl-C lands in the wait: the child never outlives the session
+                    if interrupted:  # counted for the Ctrl-C message (kill_all_children)
+                        global _stopped_on_interrupt
+                        with _live_lock:
+                            _stopped_on_interrupt += 1
                     try:  # leftovers (background processes) die with the group
                         os.killpg(proc.pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):

@@ -53,9 +53,19 @@ def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
     logits, bias, valid = _realistic(T, E, gen)
     pad = torch.randperm(T, generator=gen)[: min(T - 1, max(1, T // 4))]
     valid[pad] = False
-    sign = torch.where(torch.rand(len(pad), E, generator=gen) < 0.5, -1.0, 1.0)
-    logits[pad] = sign * 1e30  # garbage a kernel must ignore (CUDA-graph padding rows)
+    logits[pad] = padding_garbage(len(pad), E, gen)  # a kernel must ignore it (CUDA-graph padding rows)
     return logits, bias, valid
+
+
+def padding_garbage(n: int, E: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, E) float32 of what a padding row may hold, element by element: +-1e30, NaN, +-inf or any bit
+    pattern (NaNs with payloads, denormals, huge values). The contract says padding rows are ignored,
+    whatever they hold (session 7's red team: a kernel that masked with ``w * token_valid`` was accepted
+    while padding rows held only +-1e30; with NaN there its weights are NaN, not 0)."""
+    bits = torch.randint(-2**31, 2**31 - 1, (n, E), generator=gen, dtype=torch.int32).view(torch.float32)
+    pick = torch.randint(0, 6, (n, E), generator=gen)
+    table = torch.tensor([1e30, -1e30, float("nan"), float("inf"), float("-inf"), 0.0])
+    return torch.where(pick == 5, bits, table[pick])
 
 
 def _ties(T: int, E: int, gen: torch.Generator) -> _Draw:
@@ -99,6 +109,21 @@ def _signed_zeros(T: int, E: int, gen: torch.Generator) -> _Draw:
     return sign * 0.0, _small_bias(E, gen), torch.ones(T, dtype=torch.bool)
 
 
+FAR_NEGATIVE_SHIFT = (46.0, 80.0)
+"""Range of the per-row shift (subtracted) of the ``far_negative`` regime: logits near -46 to -83, whose
+sigmoid scores 1e-20 to 1e-36 are normal fp32 (the smallest normal, 1.2e-38, is sigmoid(-87.3))."""
+
+
+def _far_negative(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Realistic logits with each row shifted down by U(46, 80): every score is tiny but normal fp32, so the
+    bias alone decides the selection and the weights are ratios of tiny scores. Legal (no top-K score
+    underflows); a kernel that clamps logits (``clamp(min=-45)``) or floors scores gives equal weights
+    (session 7's red team: accepted while no generator drew a valid row below -45)."""
+    logits, bias, valid = _realistic(T, E, gen)
+    lo, hi = FAR_NEGATIVE_SHIFT
+    return logits - (lo + (hi - lo) * torch.rand(T, 1, generator=gen)), bias, valid
+
+
 def _denormal_scores(T: int, E: int, K: int, gen: torch.Generator) -> _Draw:
     """Realistic draws in which up to ``E - K`` experts per row get logits in [-103, -88], so their
     sigmoid score is tiny or denormal (1e-45 to 6e-39); at least K experts stay normal, so the
@@ -122,6 +147,7 @@ CASES: dict[str, Callable[..., _Draw]] = {
     "tiny_scale": _tiny_scale,
     "signed_zeros": _signed_zeros,
     "denormal_scores": _denormal_scores,
+    "far_negative": _far_negative,
 }
 """Case name -> generator ``(T, E, gen) -> (logits, bias, token_valid)`` (``denormal_scores``: ``(T, E, K, gen)``)."""
 
@@ -132,7 +158,8 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     Cases: ``realistic`` (skewed expert popularity, correlated tokens, small bias, all rows valid);
     ``group_negative_bias`` (logits [2,1,0,0,-1,-1,-2,-2], bias -1); ``one_expert`` (E=1);
     ``padding_rows`` (about a quarter of the rows, at least one and never all, invalid with logits
-    of +-1e30); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
+    holding +-1e30, NaN, +-inf or any bit pattern); ``far_negative`` (valid rows' logits shifted down by
+    46-80: tiny normal scores, the bias decides); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
     nonzero bias decides); ``bias_shift`` (realistic plus one constant of +-2^9..2^14 on the bias);
     ``tiny_scale`` (scores within 1e-3 of 0.5); ``signed_zeros`` (logits +-0.0, the bias decides);
     ``denormal_scores`` (up to E - K experts per row with denormal scores; uses axis K).

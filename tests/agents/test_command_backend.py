@@ -4,7 +4,6 @@ and the CLI that drives it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -123,7 +122,27 @@ def test_template_validation():
 
 def test_command_not_found_is_an_agent_error(repo):
     backend = CommandBackend("no-such-agent-binary-xyz {brief_file}")
-    with pytest.raises(AgentError, match="cannot start 'no-such-agent-binary-xyz'"):
+
+    def made():
+        branches = subprocess.run(["git", "branch", "--list"], cwd=repo, capture_output=True, text=True).stdout
+        return (sorted(map(str, (repo / ".workbench").glob("worktrees/*"))),
+                sorted(map(str, (repo / ".workbench").glob("runs/*.json"))), branches)
+
+    before = made()
+    with pytest.raises(AgentError, match="cannot start 'no-such-agent-binary-xyz': not an executable file"):
         run_agent(repo, "k3_moe_dispatch", backend, attempts=1, device="cpu", guards=[], measure_baseline=False)
-    records = sorted((repo / ".workbench/runs").glob("*.json"), key=os.path.getmtime)
-    assert json.loads(records[-1].read_text())["status"] == "error"
+    assert made() == before  # checked before anything was made: no worktree, no branch, no run record
+
+
+def test_a_command_that_cannot_start_mid_run_is_an_agent_error(repo, tmp_path):
+    exe = tmp_path / "agent-gone"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    backend = CommandBackend(f"{exe} {{brief_file}}")
+    backend.preflight()  # it exists now ...
+    exe.chmod(0o644)  # ... and cannot be executed by the time the attempt starts (after the run's preflight)
+    backend.preflight = lambda: None
+    with pytest.raises(AgentError, match="cannot start '.*agent-gone': Permission denied"):
+        run_agent(repo, "k3_moe_dispatch", backend, attempts=1, device="cpu", guards=[], measure_baseline=False)
+    records = [json.loads(p.read_text()) for p in (repo / ".workbench/runs").glob("*.json")]
+    assert any(r["status"] == "error" for r in records), [(r["status"], str(r)[:300]) for r in records]

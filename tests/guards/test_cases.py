@@ -110,7 +110,8 @@ def test_bias_shift_regime_shifts_the_bias_by_a_large_constant(moe):
 
 def test_pairs_no_fixed_workload_uses_are_drawn_in_almost_every_run(moe):
     """B = 32 with G = 1 and renormalize = false with G > 1 appear in no fixed workload; the coverage
-    weighting draws them (measured 1000 of 1000 runs at 32 draws; here 25 seeds, all)."""
+    weighting draws them (B = 32 with G = 1: measured 299 of 300 runs at 32 draws since the far_negative
+    regime joined, 1000 of 1000 before; here 25 seeds, at most one missing it; the others in all)."""
     fixed = {(w.axes["B"], w.axes["G"]) for w in moe.correctness.workloads}
     assert (32, 1) not in fixed
     assert not any(not w.params["renormalize"] and w.axes["G"] > 1 for w in moe.correctness.workloads)
@@ -120,7 +121,7 @@ def test_pairs_no_fixed_workload_uses_are_drawn_in_almost_every_run(moe):
         hits["b32g1"] += any(a["B"] == 32 and a["G"] == 1 for a, _, _ in draws)
         hits["norenorm_grouped"] += any(not p["renormalize"] and a["G"] > 1 for a, p, _ in draws)
         hits["bias_shift"] += any(r == "bias_shift" for _, _, r in draws)
-    assert hits == {"b32g1": 25, "norenorm_grouped": 25, "bias_shift": 25}
+    assert hits["b32g1"] >= 24 and (hits["norenorm_grouped"], hits["bias_shift"]) == (25, 25), hits
 
 
 def test_value_cells_edges_realistic_and_inside():

@@ -135,7 +135,7 @@ def test_guard_exception_is_error_and_stops_the_run():
     assert [v.status for v in vs] == [Status.PASS, Status.ERROR, Status.SKIP]
     assert "KeyError" in vs[1].summary and vs[2].summary == "Not run: boom did not pass."
     assert not is_accepted(vs)
-    assert is_accepted(run_guards(None, [_Pass("isolation"), _Pass("activation")]))  # type: ignore[arg-type]
+    assert is_accepted(run_guards(_plain_ctx(), [_Pass("isolation"), _Pass("activation")]))
     assert not is_accepted(run_guards(_plain_ctx(), [_Pass("isolation")]))  # no proof the path ran
 
 

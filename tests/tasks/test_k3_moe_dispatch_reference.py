@@ -104,7 +104,9 @@ def test_padding_rows_get_minus_one_zero_weight_and_are_not_dispatched() -> None
     inputs, params, want = _case("edge_padding_rows")
     valid, K = inputs["token_valid"], params["top_k"]
     pad = (~valid).nonzero().flatten().tolist()
-    assert 1 <= len(pad) < valid.numel() and float(inputs["router_logits"][pad].abs().min()) >= 1e29
+    garbage = inputs["router_logits"][pad]
+    assert 1 <= len(pad) < valid.numel() and garbage.isnan().any() and garbage.isinf().any()  # anything goes there
+    assert inputs["router_logits"][valid].isfinite().all()
     assert (want["topk_ids"][pad] == -1).all() and (want["topk_weights"][pad] == 0).all()
     dispatched = set(want["sorted_token_ids"].tolist())
     assert not dispatched & {t * K + k for t in pad for k in range(K)}
@@ -335,7 +337,9 @@ def test_check_accepts_permuted_rows_and_segments() -> None:
 def test_make_inputs_deterministic_and_well_formed(name: str) -> None:
     w = SPEC.workload(name)
     a, b = inp.make_inputs(w.axes, 0, w.case), inp.make_inputs(w.axes, 0, w.case)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    bits = {torch.float32: torch.int32}  # bit for bit: padding rows may hold NaN, which equals nothing
+    assert all(torch.equal(a[k].view(bits.get(a[k].dtype, a[k].dtype)), b[k].view(bits.get(b[k].dtype, b[k].dtype)))
+               for k in a)
     for k, t in a.items():
         assert list(t.shape) == [eval_dim(d, w.axes) for d in SPEC.inputs[k].shape]
         assert str(t.dtype) == "torch." + SPEC.inputs[k].dtype and t.device.type == "cpu"

@@ -4,6 +4,7 @@ command says what it interrupted and exits 130 (issue 17 item 2)."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -63,6 +64,8 @@ def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fr
     stderr = "".join(lines) + (rest or "")
     assert proc.returncode == 130, stderr[-2000:]
     assert "Interrupted during correctness" in stderr and "removed worktree" in stderr, stderr[-2000:]
+    # the child that was running is counted (its session kills it on the way out, before the handler runs)
+    assert re.search(r"stopped [1-9]\d* child process group", stderr), stderr[-2000:]
     assert _processes_under(worktrees) == []
     assert list(worktrees.iterdir()) == []  # the run's worktree existed (its child ran there) and is gone
     assert git(fresh_repo, "branch", "--list", "wb/*") == ""

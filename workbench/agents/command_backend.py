@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import string
 import subprocess
@@ -111,6 +112,21 @@ class CommandBackend:
                 raise ValueError(f"--agent-env {n!r}: give a variable name such as ANTHROPIC_API_KEY.")
         self.template, self.budget_s = template, float(budget_s)
         self.label = f"command:{Path(shlex.split(template)[0]).name}"
+
+    def preflight(self) -> None:
+        """Check, before any worktree exists, that the command's program can be started.
+
+        Raises:
+            AgentError: the program is neither a path to an executable file nor on the agent's PATH (the
+                workbench's Python directory, then the caller's PATH).
+        """
+        prog = shlex.split(self.template)[0]
+        if "{" in prog:  # a placeholder chooses the program: only the attempt can tell
+            return
+        path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+        if shutil.which(prog, path=path) is None:
+            raise AgentError(f"--agent-cmd: cannot start {prog!r}: not an executable file and not on PATH; install it "
+                             "or give its full path. Nothing was created.")
 
     def argv(self, ctx: AttemptContext) -> list[str]:
         """The command line for one attempt (placeholders filled, no shell)."""

@@ -153,6 +153,9 @@ def run_agent(
         if len(seeds) < attempts or set(seeds) & set(task.correctness.public_seeds):
             raise ValueError("seeds: need one per attempt, none of them a public seed.")
     dev = detect_device(device)
+    preflight = getattr(backend, "preflight", None)
+    if preflight is not None:  # e.g. the command's program exists: checked before a worktree or branch exists
+        preflight()
     awt: AgentWorktree = create_agent_worktree(root, task_id, base)
     sd = state_dir(root)
     logger.info("agent run %s: backend %s, %d attempt(s), worktree %s, base %s", awt.name, backend.label, attempts,

@@ -185,6 +185,7 @@ class _Seeded:
     def __init__(self, guard, seed: int):
         self.guard, self.seed = guard, seed
         self.name = f"{guard.name}[seed={seed}]"
+        self.reads, self.writes = guard.reads, guard.writes  # the wrapped guard's artifacts (guards/artifacts.py)
 
     def check(self, ctx):
         saved = ctx.seed
