@@ -419,14 +419,16 @@ def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")
         raise typer.Exit(EXIT_ERROR)
 
 
-def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: str, seed: int | None) -> bool:
+def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: str, seed: int | None,
+                    base: str | None = None) -> bool:
     from workbench.fixtures import fixture_outcome_ok, list_fixtures
     from workbench.pipeline import detect_device, run_candidate
     from workbench.taskspec import load_task
 
     spec = load_task(root, task_id)
     fixtures = list_fixtures(spec)
-    if names:
+    if names:  # a fixture's file name works too (isolation-edits-test.patch, x.inject.toml)
+        names = [n.removesuffix(".inject.toml").removesuffix(".patch").rstrip("/") for n in names]
         unknown = sorted(set(names) - {f.name for f in fixtures})
         if unknown:
             raise WorkbenchError(f"Task {task_id!r} has no fixture {unknown[0]!r}; known: {', '.join(f.name for f in fixtures)}.")
@@ -444,7 +446,8 @@ def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: s
         console.rule(escape(f"{'good' if fx.good else 'bad'} fixture {fx.name} (expected: {expect})"))
         try:
             with _judging():
-                result, path = run_candidate(root, task_id, str(fx.defined_in or fx.path), device=device, seed=seed)
+                result, path = run_candidate(root, task_id, str(fx.defined_in or fx.path), base=base, device=device,
+                                             seed=seed)
         except CandidateError as exc:
             if "changes nothing" not in str(exc):
                 raise
@@ -494,12 +497,14 @@ def selftest(
     fixture: list[str] | None = typer.Option(None, "--fixture", "-f", help="Only these fixtures (repeatable)."),
     device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     repo: Path | None = typer.Option(None, help="The workbench checkout."),
+    base: str | None = typer.Option(None, help="Base commit the fixtures are judged against (default HEAD; an "
+                                               "older one when a merge since makes a .patch fixture not apply)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Judge every fixture of a task: good ones must be accepted, bad ones rejected by the guard their name says."""
     _verbosity(verbose)
     try:
-        ok = _judge_fixtures(_root(repo), task_id, fixture, device, None)
+        ok = _judge_fixtures(_root(repo), task_id, fixture, device, None, base)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     raise typer.Exit(0 if ok else 1)

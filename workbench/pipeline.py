@@ -219,7 +219,8 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     dev = detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
     cand = create_candidate(root, task_id, source, base)
-    cmd = (f"workbench run {task_id} --candidate {shlex.quote(str(source))} --base {cand.base_commit[:12]} "
+    shown = str(Path(source).resolve()) if Path(source).exists() else str(source)  # a path works from any cwd
+    cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.base_commit[:12]} "
            f"--device {dev} --seed {seed}")
     try:
         return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)

@@ -275,6 +275,9 @@ def read_result(path: Path) -> RunResult:
     except json.JSONDecodeError as exc:
         raise WorkbenchError(f"Result file {path}: not JSON ({exc}).") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not {"schema_version", "task_id", "verdicts"} & set(data):
+        raise WorkbenchError(f"Result file {path}: not a workbench result (no schema_version, task_id or verdicts); "
+                             "pass a file from .workbench/results/ (the path `workbench run` prints last).")
     if version not in READABLE_VERSIONS:
         raise WorkbenchError(
             f"Result file {path}: schema_version {version!r}; this workbench reads version 1 (upgraded on read) "

@@ -248,7 +248,9 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
             except git.GitCommandError as exc:
                 raw = str(exc.stderr).strip().removeprefix("stderr:").strip().strip("'")
                 detail = "; ".join(l.strip() for l in raw.splitlines() if l.strip()) or str(exc)
-                if "No valid patches" in detail or "only garbage" in detail:
+                if not Path(source).read_bytes().strip():
+                    detail, fix = "the file is empty", "make the patch with `git diff BASE > candidate.patch`"
+                elif "No valid patches" in detail or "only garbage" in detail:
                     fix = "it is not a git patch; make one with `git diff BASE > candidate.patch`"
                 else:
                     fix = f"regenerate it against {base_sha[:10]} (git diff from that commit) or pass --base"
