@@ -591,14 +591,10 @@ def _serve(fn, fc, rt, req, nonce):
             spec = sv["workloads"][w]
             layout, slot_bytes = _P.slot_layout(spec["inputs"], spec["outputs"])
             host = [_P.views(buf, i * slot_bytes, layout, spec["inputs"], spec["outputs"]) for i in range(_P.SLOTS)]
-            # the candidate gets ordinary tensors (not views of the shared memory), as in the model
-            dev = []
-            for ins, _outs in host:
-                d_in = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device=device) for k, v in ins.items()}
-                d_out = {k: (d_in[k] if s.get("inplace") else torch.empty(tuple(s["shape"]), device=device,
-                                                                            dtype=getattr(torch, s["dtype"])))
-                         for k, s in spec["outputs"].items()}
-                dev.append((d_in, d_out))
+            # the candidate gets ordinary tensors (not views of the shared memory), as in the model: the
+            # outputs are allocated here once per slot, the inputs (and in-place outputs) anew at every load
+            dev = [({}, {k: torch.empty(tuple(s["shape"]), device=device, dtype=getattr(torch, s["dtype"]))
+                         for k, s in spec["outputs"].items() if not s.get("inplace")}) for _ in host]
             cur = {"spec": spec, "host": host, "dev": dev, "name": spec["name"]}
             impls.setdefault(spec["name"], [])
             events.setdefault(spec["name"], [])

@@ -102,6 +102,8 @@ IDENTITY_OS_CALLS = {"getpid", "getppid", "getuid", "geteuid", "getgid", "getegi
                      "getresuid", "getresgid", "get_terminal_size", "ctermid", "umask"}
 """What tells one process from another (interpreter flags, argv, pids, uid, cwd, cores, load): a kernel
 computes the same thing in the judge's children as in a serving process, so it has no use for them."""
+IDENTITY_NAMES = {"os": IDENTITY_OS_CALLS, "sys": IDENTITY_SYS_ATTRS}
+"""Module -> its names the ``process-identity`` rule flags."""
 IDENTITY_TENSOR_ATTRS = {"_version", "_base", "_cdata", "_is_view", "_backward_hooks", "_python_dispatch"}
 """Tensor internals that tell the judge's buffers (refilled in place, version > 0) from a model's fresh
 activations: a kernel's result and speed must not depend on them."""
@@ -331,7 +333,7 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, OS_CALLS[a.name], f"from os import {a.name}")
             if mod == "sys" and a.name in SYS_ATTRS:
                 self.add(node, "monkeypatch", f"from sys import {a.name}")
-            if (mod, a.name) in {("os", n) for n in IDENTITY_OS_CALLS} | {("sys", n) for n in IDENTITY_SYS_ATTRS}:
+            if a.name in IDENTITY_NAMES.get(mod, ()):
                 self.add(node, "process-identity", f"from {mod} import {a.name}")
             if a.name in TIMER_ATTRS and mod.startswith(("time", "torch")):
                 self.add(node, "timer", f"from {mod} import {a.name}")
@@ -511,8 +513,7 @@ class _PyAudit(ast.NodeVisitor):
         if root and dotted.startswith(root + ".") and root in self.imported:
             dotted = bound + dotted[len(root):]  # resolve import aliases: dispatch.select -> k3_model.dispatch.select
         base = bound.split(".")[0] if bound else ""
-        if base in ("os", "sys") and isinstance(node.value, ast.Name) and node.attr in (
-                IDENTITY_OS_CALLS if base == "os" else IDENTITY_SYS_ATTRS):
+        if isinstance(node.value, ast.Name) and node.attr in IDENTITY_NAMES.get(base, ()):
             self.add(node, "process-identity", f"uses {dotted}: tells the judge's child from a serving process")
         elif node.attr in IDENTITY_TENSOR_ATTRS:
             self.add(node, "process-identity", f"uses .{node.attr}: tells the judge's refilled buffers from fresh "

@@ -421,14 +421,14 @@ def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")
 
 def _judge_fixtures(root: Path, task_id: str, names: list[str] | None, device: str, seed: int | None,
                     base: str | None = None) -> bool:
-    from workbench.fixtures import fixture_outcome_ok, list_fixtures
+    from workbench.fixtures import fixture_name, fixture_outcome_ok, list_fixtures
     from workbench.pipeline import detect_device, run_candidate
     from workbench.taskspec import load_task
 
     spec = load_task(root, task_id)
     fixtures = list_fixtures(spec)
     if names:  # a fixture's file name works too (isolation-edits-test.patch, x.inject.toml)
-        names = [n.removesuffix(".inject.toml").removesuffix(".patch").rstrip("/") for n in names]
+        names = [fixture_name(n) for n in names]
         unknown = sorted(set(names) - {f.name for f in fixtures})
         if unknown:
             raise WorkbenchError(f"Task {task_id!r} has no fixture {unknown[0]!r}; known: {', '.join(f.name for f in fixtures)}.")

@@ -27,6 +27,11 @@ from workbench.errors import CandidateError
 from workbench.taskspec import TaskSpec
 
 INJECT_SUFFIX = ".inject.toml"
+
+
+def fixture_name(file_name: str) -> str:
+    """A fixture's name from its file or folder name: ``x.patch``, ``x.inject.toml`` and ``x/`` are ``x``."""
+    return file_name.rstrip("/").removesuffix(".patch").removesuffix(INJECT_SUFFIX)
 """File name ending of an inject fixture (base fixture + replacements)."""
 
 
@@ -190,7 +195,7 @@ def list_fixtures(task: TaskSpec) -> list[Fixture]:
         for p in sorted(d.iterdir()):
             if p.name.startswith(".") or not (p.is_dir() or p.suffix == ".patch" or is_inject(p)):
                 continue
-            name = p.name.removesuffix(".patch").removesuffix(INJECT_SUFFIX)
+            name = fixture_name(p.name)
             guard = None
             if kind == "bad":
                 guard = next((g for g in GUARD_NAMES if name.startswith(g + "-")), None)
