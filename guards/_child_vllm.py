@@ -88,6 +88,7 @@ def _serve(req: dict, torch) -> dict:
 
     from k3_model.vllm_plugin import ARCHITECTURE
     from k3_model.vllm_plugin.model import K3ForCausalLM
+    from k3_model.vllm_plugin import cpu_attention_config
     from k3_model.vllm_plugin.trace import read_traces
 
     # registered as a class, not lazily by name: vLLM inspects lazily registered models in a fresh
@@ -103,6 +104,7 @@ def _serve(req: dict, torch) -> dict:
               max_model_len=int(v["max_model_len"]), max_num_seqs=int(prompts.shape[0]),
               kv_cache_memory_bytes=int(v["kv_cache_memory_bytes"]), enable_prefix_caching=False,
               hf_overrides={"architectures": ["K3ForCausalLM"]},
+              attention_config=cpu_attention_config(v["dtype"]) or None,
               additional_config={"decode_backend": req["decode_backend"], "k3_trace_dir": trace_dir})
     params = SamplingParams(temperature=0.0, max_tokens=gen, ignore_eos=True, logprobs=TOP_LOGPROBS,
                             detokenize=False)

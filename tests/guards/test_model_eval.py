@@ -292,10 +292,15 @@ def test_bf16_wrong_kernel_fails(tmp_path):
     firsts = [e for e in v.evidence if e.name == "bf16_first_divergence"]
     assert len(firsts) == SMALL_BF16.batch and all("standard margin" in e.path and "candidate margin" in e.path
                                                    for e in firsts)
-    # with the fraction bound lifted, the margin bound still catches it (one flip above 3.06 nats)
-    v = ModelEvalGuard(dataclasses.replace(SMALL_BF16, bf16_max_flip_fraction=1.0)).check(_ctx(tmp_path, wt))
+    # with the fraction bound lifted, the margin bounds still catch it. The flips' margins depend on the
+    # CPU's bf16 arithmetic (an AMX Xeon's matmuls round otherwise than an EPYC's: this kernel's largest
+    # flip was above 3.06 nats on one and below it on the other), so the bounds here sit below the smallest
+    # margin a flip of 31 in 32 steps is sure to pass: the test is of the mechanism, not of the numbers
+    low = dataclasses.replace(SMALL_BF16, bf16_max_flip_fraction=1.0, bf16_tie_margin=0.01,
+                              bf16_later_tie_margin=0.01)
+    v = ModelEvalGuard(low).check(_ctx(tmp_path, wt))
     assert v.status is Status.FAIL and v.summary.startswith("In bfloat16, greedy tokens "), v.summary
     margin = float(v.summary.split("top-1/top-2 margin is ")[1].split(" nats")[0])
-    assert margin > SMALL_BF16.bf16_later_tie_margin
+    assert margin > low.bf16_later_tie_margin
     g = {e.name: e.value for e in v.evidence}["bf16_first_flip_over_bound"]
     assert 0 <= g < SMALL_BF16.bf16_generate_tokens

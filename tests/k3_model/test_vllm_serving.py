@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from k3_model.vllm_plugin import cpu_attention_config
+
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +81,7 @@ class Server:
                "--hf-overrides", json.dumps({"architectures": ["K3ForCausalLM"]}),
                "--additional-config", json.dumps(additional),
                "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+               *(["--attention-config", json.dumps(cpu_attention_config(dtype))] if cpu_attention_config(dtype) else []),
                *extra_args]
         self.fh = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
