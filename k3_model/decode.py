@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from k3_model.dispatch import forward_context, record_trace
-from k3_model.layers import KDAState, MLACache, StaticMLACache, check_finite
+from k3_model.dispatch import Decision, forward_context, record_trace
+from k3_model.layers import KDAState, StaticMLACache, check_finite
 from k3_model.model import K3Cache, K3Model
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -162,8 +162,8 @@ class StaticDecodeStep:
     Attributes:
         tokens: (B, 1) int64 input. logits: (B, V) float32 output. next_tokens: (B,) int64 output.
         cache: the static :class:`K3Cache`.
-        last_trace: ``"op:implementation" -> calls`` of the last host-side call (for a captured graph:
-            the capture's, which every replay repeats).
+        last_decisions: the dispatcher's decisions of the last host-side call (for a captured graph: the
+            capture's, which every replay repeats). last_trace: the same as ``"op:implementation" -> calls``.
 
     Raises:
         ValueError: the cache is static already, the token ids or batch do not match, or ``capacity``
@@ -199,7 +199,7 @@ class StaticDecodeStep:
         self.tokens = first_tokens.to(dev, torch.int64).view(B, 1).clone()
         self.logits = torch.zeros(B, V, dtype=torch.float32, device=dev)
         self.next_tokens = torch.zeros(B, dtype=torch.int64, device=dev)
-        self.last_trace: dict[str, int] = {}
+        self.last_decisions: list[Decision] = []
 
     def __call__(self) -> None:
         """Decode one token per sequence (see the class docstring)."""
@@ -208,7 +208,12 @@ class StaticDecodeStep:
         self.logits.copy_(logits[:, -1])
         self.next_tokens.copy_(self.logits.argmax(dim=-1))
         self.tokens.copy_(self.next_tokens.view(-1, 1))
-        self.last_trace = dict(Counter(f"{d.op}:{d.implementation}" for d in trace.decisions))
+        self.last_decisions = list(trace.decisions)
+
+    @property
+    def last_trace(self) -> dict[str, int]:
+        """``"op:implementation" -> calls`` of the last host-side call."""
+        return dict(Counter(f"{d.op}:{d.implementation}" for d in self.last_decisions))
 
     def positions(self) -> list[int]:
         """Tokens stored per sequence in each MLA layer, read from the device (synchronises: not in a step)."""
@@ -233,31 +238,3 @@ class StaticDecodeStep:
             dst.copy_(src)
         self.cache.length = int(length)
 
-
-def copy_cache(model: K3Model, cache: K3Cache, rows: slice, *, capacity: int) -> K3Cache:
-    """An ordinary cache holding sequences ``rows`` of ``cache``, with room for ``capacity`` tokens.
-
-    Args:
-        model: the model the cache belongs to.
-        cache: an ordinary (not static) cache.
-        rows: which sequences to copy (a slice of the batch).
-        capacity: MLA storage per sequence (tokens), allocated at once (no growth later).
-
-    Raises:
-        ValueError: ``cache`` is static, or ``capacity`` is below its length.
-    """
-    if cache.static or capacity < cache.length:
-        raise ValueError(f"copy_cache: need an ordinary cache and capacity >= its {cache.length} tokens; got "
-                         f"{'a static cache' if cache.static else f'capacity {capacity}'}.")
-    out: list[KDAState | MLACache | StaticMLACache] = []
-    for src in cache.layers:
-        if isinstance(src, KDAState):
-            out.append(KDAState(src.recurrent[rows].clone(), src.conv[rows].clone()))
-        else:
-            lat, pe = src.view()
-            dst = MLACache(lat[rows].shape[0], lat.shape[2], pe.shape[2], dtype=lat.dtype, device=lat.device,
-                           page_tokens=capacity, max_tokens=capacity)
-            if cache.length:
-                dst.append(lat[rows], pe[rows])
-            out.append(dst)
-    return K3Cache(out, cache.length)
