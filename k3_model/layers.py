@@ -400,6 +400,8 @@ class StaticMLACache:
     ones past the position. A step of T tokens costs attention over ``capacity`` slots, so size it to
     the longest context the caller reaches, not more. Writing past ``capacity`` is an index error
     (a device-side assert on CUDA): the caller plans its steps (``workbench bench-model`` does).
+    Attention over it equals attention over an :class:`MLACache` with the same tokens up to rounding
+    (the reductions run over ``capacity`` slots, the masked ones adding exactly 0: ~1 ulp).
 
     Attributes:
         latent: (B, capacity, L) the compute dtype, zeros where nothing was written (a masked slot

@@ -213,6 +213,8 @@ class ProfileReport(_Model):
     sort_by: Literal["self_device_us", "self_cpu_us"]
     step_wall_ms: float = Field(description="wall time per profiled step, profiler overhead included (ms)")
     total_self_us_per_step: float = Field(description="summed self time in the sort key (microseconds)")
+    total_self_cpu_us_per_step: float = Field(description="summed host self time of the ops (microseconds; on CUDA "
+                                              "what a graph replay no longer spends)")
     top_ops: list[OpTime]
     error: str | None = Field(default=None, description="why there is no breakdown (the run went on)")
 
@@ -409,6 +411,7 @@ def plot(result: BenchModelResult, png_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     contexts = list(result.spec.contexts)
     fig, axes = plt.subplots(1, len(contexts), figsize=(3.6 * len(contexts) + 1, 4), squeeze=False)
@@ -419,13 +422,16 @@ def plot(result: BenchModelResult, png_path: Path) -> None:
                     label=side.replace("_", " "))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.set_xticks(list(result.spec.batches), [str(b) for b in result.spec.batches])
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"context {c}")
         ax.set_xlabel("decode batch (sequences)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("decode tokens/s (median step)")
     axes[0][0].legend(fontsize=8)
     mode = "CUDA graphs" if result.spec.device == "cuda" else "eager"
-    gpu = result.environment.get("gpu_name") or result.environment.get("platform", "")
+    gpu = result.environment.get("gpu_name") or f"CPU ({result.settings.get('torch_threads')} torch thread(s))"
     fig.suptitle(f"K3-mini decode, {result.spec.dtype}, {mode}, {gpu}"
                  + (f" - candidate {Path(result.spec.candidate).name}" if result.spec.candidate else ""), fontsize=10)
     fig.tight_layout()
@@ -663,12 +669,13 @@ def _profile(fn: Callable[[], None], steps: int, device: str) -> ProfileReport:
                          dev_us / steps if device == "cuda" else None))
     except Exception as exc:  # the profiler is a second opinion: keep the run's numbers, say what failed
         _log(f"profile failed ({type(exc).__name__}: {exc}); the result has no breakdown for this side")
-        return ProfileReport(steps=steps, sort_by=sort_by, step_wall_ms=0.0, total_self_us_per_step=0.0, top_ops=[],
-                             error=f"{type(exc).__name__}: {exc}")
+        return ProfileReport(steps=steps, sort_by=sort_by, step_wall_ms=0.0, total_self_us_per_step=0.0,
+                             total_self_cpu_us_per_step=0.0, top_ops=[], error=f"{type(exc).__name__}: {exc}")
     key = 3 if device == "cuda" else 2
     total = sum(r[key] for r in rows)
     top = sorted((r for r in rows if r[key] > 0), key=lambda r: -r[key])[:TOP_OPS]
     return ProfileReport(steps=steps, sort_by=sort_by, step_wall_ms=1e3 * wall / steps, total_self_us_per_step=total,
+                         total_self_cpu_us_per_step=sum(r[2] for r in rows),
                          top_ops=[OpTime(name=n, calls_per_step=c, self_cpu_us_per_step=cpu, self_device_us_per_step=d,
                                          share_pct=100.0 * (d if device == "cuda" else cpu) / total if total else 0.0)
                                   for n, c, cpu, d in top])

@@ -573,8 +573,8 @@ def bench(
     console.print(str(path), markup=False)
 
 
-def _int_list(opt: str, text: str | None) -> list[int] | None:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (None stays None).
+def _int_list(command: str, opt: str, text: str | None) -> list[int] | None:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (None stays None); ``command`` names the command in the error.
 
     Raises:
         WorkbenchError: an item is not an integer.
@@ -584,7 +584,8 @@ def _int_list(opt: str, text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise WorkbenchError(f"{opt} {text!r}: expected comma-separated integers, e.g. {opt} 1,2,4.") from None
+        raise WorkbenchError(f"workbench {command}: {opt} {text!r}: expected comma-separated integers, "
+                             f"e.g. {opt} 1,2,4.") from None
 
 
 @app.command("bench-model")
@@ -623,8 +624,8 @@ def bench_model(
     from workbench.progress_view import showing_progress
 
     try:
-        spec = BenchModelSpec.resolve(device=device, batches=_int_list("--batches", batches),
-                                      contexts=_int_list("--contexts", contexts), chunk=chunk, steps=steps,
+        spec = BenchModelSpec.resolve(device=device, batches=_int_list("bench-model", "--batches", batches),
+                                      contexts=_int_list("bench-model", "--contexts", contexts), chunk=chunk, steps=steps,
                                       mixed_steps=mixed_steps, profile_steps=profile_steps,
                                       backends=[b for b in backends.replace(" ", "").split(",") if b], dtype=dtype,
                                       seed=seed, candidate=candidate, task_id=task)
