@@ -283,6 +283,9 @@ class BenchModelResult(_Model):
     """``k3_mini_bench_model.json``."""
 
     format: Literal["workbench-bench-model/1"] = FORMAT
+    complete: bool = Field(description="every planned configuration measured; false in the file the child "
+                           "rewrites after each configuration until it is done (a run stopped early leaves that)")
+    configurations_planned: int
     command: str
     spec: BenchModelSpec
     model: str = "k3_mini"
@@ -380,15 +383,33 @@ def run_bench_model(root: Path, spec: BenchModelSpec, *, out_dir: Path | None = 
     try:
         run_measuring_child("workbench.bench_model", args, wt, timeout_s=timeout_s, what="workbench bench-model",
                             on_line=on_line)
-    except RuntimeError:
+    except RuntimeError as exc:
+        partial = _partial_note(json_path)
         if refused:
-            raise BenchModelError(refused[-1]) from None
-        raise
+            raise BenchModelError(refused[-1] + partial) from None
+        raise RuntimeError(str(exc) + partial) from None
     finally:
         logf.close()
     result = read_result(json_path)
+    if not result.complete:
+        raise BenchModelError(f"workbench bench-model: the child exited 0 but {json_path} holds {len(result.rows)} of "
+                              f"{result.configurations_planned} configurations.")
     plot(result, json_path.with_suffix(".png"))
     return json_path
+
+
+def _partial_note(json_path: Path) -> str:
+    """`` (partial result: ...)`` when a stopped child left configurations behind (plotted too), else ``""``."""
+    if not json_path.is_file():
+        return ""
+    try:
+        result = read_result(json_path)
+        if result.rows:
+            plot(result, json_path.with_suffix(".png"))
+    except BenchModelError:
+        return ""
+    return (f" (partial result: {len(result.rows)} of {result.configurations_planned} configurations in {json_path}, "
+            f"log in {json_path.with_suffix('.log')})")
 
 
 def _head(path: Path) -> str | None:
@@ -404,7 +425,7 @@ def plot(result: BenchModelResult, png_path: Path) -> None:
     """Tokens/s of the decode steps against batch, one panel per context, one line per side (log-log).
 
     Args:
-        result: a loaded result.
+        result: a loaded result with at least one configuration (a partial one: the contexts it has).
         png_path: where the figure goes.
     """
     import matplotlib
@@ -413,7 +434,7 @@ def plot(result: BenchModelResult, png_path: Path) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    contexts = list(result.spec.contexts)
+    contexts = sorted({r.context for r in result.rows})  # a partial result lacks the later contexts
     fig, axes = plt.subplots(1, len(contexts), figsize=(3.6 * len(contexts) + 1, 4), squeeze=False)
     for ax, c in zip(axes[0], contexts):
         rows = [r for r in result.rows if r.context == c]
@@ -884,7 +905,7 @@ def _mixed(model, store: _Contexts, prompts, spec: BenchModelSpec, B: int, c: in
     return _kind("mixed", phase, "eager", tokens, sides)
 
 
-def _measure(args: dict[str, Any]) -> dict[str, Any]:
+def _measure(args: dict[str, Any]) -> BenchModelResult:
     import torch
 
     from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
@@ -908,16 +929,34 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
     _log(f"K3-mini {spec.dtype} on {spec.device}, seed {spec.seed}; sides {', '.join(spec.backends)}; worktree "
          f"{args['worktree']}")
     store, build = _build_contexts(model, prompts, spec)
-    rows, total = [], len(spec.contexts) * len(spec.batches)
+    rows: list[ConfigRow] = []
+    total = len(spec.contexts) * len(spec.batches)
     phase = f"measuring {total} configurations (decode + mixed, {len(spec.backends)} side(s))"
     _progress(phase, 0, total)
+    env = envmod.collect(spec.device)
     for c in spec.contexts:
         for B in spec.batches:
             rows.append(ConfigRow(batch=B, context=c, capacity_tokens=spec.capacity(c),
                                   decode=_decode(model, store, spec, B, c), mixed=_mixed(model, store, prompts, spec, B, c)))
             _progress(phase, len(rows), total)
+            _write(Path(args["out"]), _result(args, spec, overrides, prompt_info, build, env, rows, total, t0))
             if spec.device == "cuda":
                 torch.cuda.empty_cache()
+    return _result(args, spec, overrides, prompt_info, build, env, rows, total, t0)
+
+
+def _write(path: Path, result: BenchModelResult) -> None:
+    """Write ``result`` whole or not at all (a stopped child never leaves half a file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(result.model_dump_json(indent=1))
+    tmp.replace(path)
+
+
+def _result(args: dict[str, Any], spec: BenchModelSpec, overrides: dict[str, Any], prompt_info: dict[str, Any],
+            build: dict[str, Any], env: dict[str, Any], rows: list[ConfigRow], total: int, t0: float) -> BenchModelResult:
+    """The result file's content with the configurations measured so far."""
+    import torch
+
     cuda = spec.device == "cuda"
     notes = [
         ("decode steps: each side's step captured once per configuration and replayed as a CUDA graph (standard "
@@ -935,16 +974,16 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
     if overrides:
         notes.append(f"config override: max_position_embeddings {overrides['max_position_embeddings']} (K3-mini declares "
                      "4096; its MLA is NoPE and KDA has no positions, so the limit changes no computation)")
-    result = BenchModelResult(
+    return BenchModelResult(
+        complete=len(rows) == total, configurations_planned=total,
         command=spec.command(), spec=spec, config_overrides=overrides, worktree=args["worktree"],
         worktree_commit=args.get("worktree_commit"),
         settings={"graph_warmup_steps": GRAPH_WARMUP, "decode_warmup_steps": DECODE_WARMUP,
                   "mixed_warmup_steps": MIXED_WARMUP, "timer": "cuda_event" if cuda else "cpu_thread_time",
                   "flush_l2": cuda, "torch_threads": torch.get_num_threads(), "top_ops": TOP_OPS,
                   "statistic": "median", "interval": "bootstrap percentile, 99%"},
-        prompts=prompt_info, build=build, notes=notes, environment=envmod.collect(spec.device), rows=rows,
+        prompts=prompt_info, build=build, notes=notes, environment=env, rows=list(rows),
         duration_s=time.perf_counter() - t0)
-    return json.loads(result.model_dump_json())
 
 
 def main(argv: list[str]) -> int:
@@ -956,11 +995,10 @@ def main(argv: list[str]) -> int:
     args = json.loads(argv[0])
     sys.path.insert(0, args["worktree"])
     try:
-        result = _measure(args)
+        _write(Path(args["out"]), _measure(args))
     except BenchModelError as exc:
         print(ERROR_PREFIX + str(exc), flush=True)
         return 3
-    Path(args["out"]).write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -43,6 +43,7 @@ def test_result_schema_files_and_table(cpu_run, project_repo):
     p, path = cpu_run
     r = read_result(path)  # validates the whole schema
     assert r.format == "workbench-bench-model/1" and r.model == "k3_mini" and r.spec.device == "cpu"
+    assert r.complete and r.configurations_planned == 4
     assert [(row.context, row.batch) for row in r.rows] == [(8, 1), (8, 3), (16, 1), (16, 3)]
     assert r.command.startswith(f"workbench bench-model --candidate {project_repo / CPU_FIXTURE} --task k3_moe_dispatch "
                                 "--device cpu --dtype float32 --backends standard,latency_specialized --batches 1,3 "
@@ -120,6 +121,21 @@ def test_profile_breakdown_names_the_ops_that_hold_the_time(cpu_run):
             assert 0 < sum(o.share_pct for o in prof.top_ops) <= 100.0 + 1e-9
             assert prof.total_self_us_per_step == pytest.approx(prof.total_self_cpu_us_per_step)
         assert row.mixed.sides["standard"].profile is None  # profiled: decode steps only
+
+
+def test_a_run_stopped_early_leaves_its_finished_configurations(cpu_run, tmp_path):
+    """The child rewrites the result after every configuration (complete: false until the last), so a run
+    killed at its time limit on a GPU still leaves what it measured; the error names the file."""
+    from workbench.bench_model import _partial_note
+
+    r = read_result(cpu_run[1])
+    partial = r.model_copy(update={"rows": r.rows[:2], "complete": False})
+    path = tmp_path / "k3_mini_bench_model.json"
+    path.write_text(partial.model_dump_json())
+    note = _partial_note(path)
+    assert note == f" (partial result: 2 of 4 configurations in {path}, log in {path.with_suffix('.log')})"
+    assert path.with_suffix(".png").stat().st_size > 1000
+    assert _partial_note(tmp_path / "absent.json") == ""
 
 
 # ---- bad input: one line, exit 2, no traceback ----------------------------------------------------------
