@@ -491,9 +491,11 @@ PRESETS: dict[str, tuple[str, list[str]]] = {
                                   f"bench:k3_allreduce_rmsnorm,candidate={_AR},timeout=300,world=2+4,reps=100",
                                   "exploits,gpu=0,archive=exploits_h200.tar.gz"]),
     "h200_exploits": ("log.txt", ["git", "activate", "exploits"]),
-    # K3-mini end to end, batch 1-64 x context 128-32k (issue 15 item 2): about 3-4 minutes of device time
+    # K3-mini end to end, batch 1-64 x context 128-32k (issue 15 item 2): ~4 min estimated (1 min of prefill,
+    # ~5 s per configuration); stopped at 400 s with the configurations done so far kept if that is wrong
     "h200_bench_model": ("log_bench_model.txt", ["git,fresh", "versions", "smi",
-                                                 "bench-model:k3_moe_dispatch,steps=50,mixed-steps=5,profile-steps=3"]),
+                                                 "bench-model:k3_moe_dispatch,timeout=420,steps=50,mixed-steps=4,"
+                                                 "profile-steps=2"]),
 }
 
 

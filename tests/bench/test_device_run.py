@@ -139,8 +139,8 @@ def test_a_bad_step_makes_no_output_folder(tmp_path):
 
 def test_preset_h200_bench_model_runs_bench_model_on_cuda_within_the_call():
     lines = [x for x in _dry("--preset", "h200_bench_model") if not x.startswith("#")]
-    assert lines[-1] == ("timeout 580 python3 -m workbench bench-model --candidate tasks/k3_moe_dispatch/fixtures/good/"
-                         "triton-cuda --task k3_moe_dispatch --device cuda --out-dir /o --timeout-s 560 --steps 50 "
-                         "--mixed-steps 5 --profile-steps 3")
+    assert lines[-1] == ("timeout 420 python3 -m workbench bench-model --candidate tasks/k3_moe_dispatch/fixtures/good/"
+                         "triton-cuda --task k3_moe_dispatch --device cuda --out-dir /o --timeout-s 400 --steps 50 "
+                         "--mixed-steps 4 --profile-steps 2")
     small = _dry("bench-model:k3_moe_dispatch,timeout=200,batches=1+64,contexts=128+32768")[-1]
     assert small.endswith("--timeout-s 180 --batches 1,64 --contexts 128,32768"), small
