@@ -137,11 +137,12 @@ class BenchModelSpec(_Model):
         where = "workbench bench-model"
         if device not in DEVICES:
             raise BenchModelError(f"{where}: --device {device!r} is not one of {', '.join(DEVICES)}.")
-        names = tuple(dict.fromkeys(backends or BACKENDS))
+        names = tuple(dict.fromkeys(BACKENDS if backends is None else backends))
         unknown = [b for b in names if b not in BACKENDS]
         if unknown or not names:
-            raise BenchModelError(f"{where}: --backends: unknown decode backend {unknown[0] if unknown else '(none)'!r}; "
-                                  f"expected {' and/or '.join(BACKENDS)} (k3_model.config.DECODE_BACKENDS).")
+            what = f"unknown decode backend {unknown[0]!r}" if unknown else "no decode backend given"
+            raise BenchModelError(f"{where}: --backends: {what}; expected {' and/or '.join(BACKENDS)} "
+                                  "(k3_model.config.DECODE_BACKENDS).")
         dtype = dtype or DEFAULT_DTYPE[device]
         if dtype not in DTYPES:
             raise BenchModelError(f"{where}: --dtype {dtype!r} is not one of {', '.join(DTYPES)}.")

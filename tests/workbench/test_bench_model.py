@@ -146,6 +146,7 @@ def test_a_run_stopped_early_leaves_its_finished_configurations(cpu_run, tmp_pat
     (["--batches", "1,two"], "--batches '1,two': expected comma-separated integers"),
     (["--backends", "standard,fast"], "--backends: unknown decode backend 'fast'; expected standard and/or "
                                       "latency_specialized"),
+    (["--backends", ""], "--backends: no decode backend given; expected standard and/or latency_specialized"),
     (["--contexts", "4,16", "--chunk", "8"], "--contexts: context 4 tokens is below the prompt chunk of 8 tokens"),
     (["--steps", "0"], "--steps 0 is below 1"),
     (["--dtype", "float16"], "--dtype 'float16' is not one of float32, bfloat16"),
