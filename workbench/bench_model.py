@@ -343,8 +343,9 @@ def run_bench_model(root: Path, spec: BenchModelSpec, *, out_dir: Path | None = 
     from workbench.bench import candidate_worktree, run_measuring_child
 
     if spec.device == "cuda" and not torch.cuda.is_available():
+        build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise BenchModelError(f"workbench bench-model: --device cuda, but torch {torch.__version__} sees no CUDA device "
-                              f"(built with CUDA {torch.version.cuda}); run on a GPU machine or pass --device cpu.")
+                              f"({build}); run on a GPU machine or pass --device cpu.")
     if spec.candidate:
         from k3_model.model import DISPATCHED_OPS
         from workbench.taskspec import load_task
@@ -387,7 +388,7 @@ def run_bench_model(root: Path, spec: BenchModelSpec, *, out_dir: Path | None = 
     except RuntimeError as exc:
         partial = _partial_note(json_path)
         if refused:
-            raise BenchModelError(refused[-1] + partial) from None
+            raise BenchModelError(f"workbench bench-model: {refused[-1]}{partial}") from None
         raise RuntimeError(str(exc) + partial) from None
     finally:
         logf.close()

@@ -138,6 +138,34 @@ def test_a_run_stopped_early_leaves_its_finished_configurations(cpu_run, tmp_pat
     assert _partial_note(tmp_path / "absent.json") == ""
 
 
+def test_a_refused_measurement_is_one_clear_error(project_repo, tmp_path, monkeypatch, capsys):
+    """A check that fails in the child (on CUDA: a capture that raises, a replay whose tokens differ) is a
+    BenchModelError there: one marked line and exit 3, which the parent turns into a BenchModelError naming
+    the configuration (the CLI prints it as one line, exit 2)."""
+    import workbench.bench as bench
+    import workbench.bench_model as bm
+
+    why = "B=8 context=1024 standard: the CUDA graph replay's tokens differ from the eager step's at 1 of 8 sequences"
+
+    def refuse(args):
+        raise bm.BenchModelError(why)
+
+    monkeypatch.setattr(bm, "_measure", refuse)
+    assert bm.main([json.dumps({"worktree": str(tmp_path), "out": str(tmp_path / "r.json")})]) == 3
+    line = capsys.readouterr().out.strip()
+    assert line == bm.ERROR_PREFIX + why and not (tmp_path / "r.json").exists()
+
+    def child(module, args, wt, *, timeout_s, what, on_line=None):
+        on_line(line)
+        raise RuntimeError(f"{what}: the measuring child failed (status 3): {line}")
+
+    monkeypatch.setattr(bench, "run_measuring_child", child)
+    with pytest.raises(BenchModelError) as info:
+        bm.run_bench_model(project_repo, BenchModelSpec.resolve(device="cpu"), out_dir=tmp_path)
+    assert str(info.value) == f"workbench bench-model: {why}"
+    assert (tmp_path / "k3_mini_bench_model.log").read_text() == line + "\n"
+
+
 # ---- bad input: one line, exit 2, no traceback ----------------------------------------------------------
 
 
