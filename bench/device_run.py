@@ -21,6 +21,9 @@ the ``timeout`` each runs under) and runs nothing. Kinds (defaults in brackets):
   timed; the newest result is copied to ``--out``/NAME. [candidate: the task's good ``triton-cuda``]
 - ``bench:TASK[,candidate=P][,timeout=240][,reps=N][,no-compile][,world=W+W][,batch=B+B][,log-dir=D]
   [,hang-s=S]``: ``workbench bench``; ``log-dir`` keeps the ranks' logs there and prints their tails.
+- ``bench-model:TASK[,candidate=P][,timeout=580][,steps=N][,mixed-steps=N][,profile-steps=N][,batches=B+B]
+  [,contexts=C+C][,chunk=N]``: ``workbench bench-model`` on CUDA (its child's limit 20 s under the step's);
+  writes ``k3_mini_bench_model.json``, ``.png``, ``.log`` to ``--out``. [candidate: the task's good ``triton-cuda``]
 - ``calibrate:TASK[,raw=cal_raw.json][,aa=80][,planted=30][,timeout=150]``: perf_calibration ``collect``.
 - ``calibrate-judged:TASK[,raw=..][,evaluated=..][,aa=40][,planted=20][,workload=k3_t8][,timeout=150]``:
   ``collect-judged`` on CUDA, then ``evaluate``.
@@ -240,6 +243,17 @@ def _steps_bench(s: Step) -> Iterator[Cmd | Note]:
         yield Note(f"print the last 40 lines of each {s.opts['log-dir']}/*.log", tails)
 
 
+def _steps_bench_model(s: Step) -> Iterator[Cmd | Note]:
+    limit = int(s.opts.get("timeout", "580"))
+    argv = [*_t(s, 580), "{py}", "-m", "workbench", "bench-model", "--candidate", _cand(s), "--task", _task(s),
+            "--device", "cuda", "--out-dir", "{out}", "--timeout-s", str(max(30, limit - 20))]
+    for opt in ("steps", "mixed-steps", "profile-steps", "chunk"):
+        argv += [f"--{opt}", s.opts[opt]] if opt in s.opts else []
+    for opt in ("batches", "contexts"):
+        argv += [f"--{opt}", s.opts[opt].replace("+", ",")] if opt in s.opts else []
+    yield Cmd(argv)
+
+
 def _steps_calibrate(s: Step) -> Iterator[Cmd | Note]:
     yield Cmd([*_t(s, 150), "{py}", "-m", "guards.perf_calibration", "collect", _task(s),
                "{out}/" + s.opts.get("raw", "cal_raw.json"), "--aa", s.opts.get("aa", "80"),
@@ -413,6 +427,8 @@ KINDS: dict[str, tuple[Callable[[Step], Iterator[Cmd | Note]], tuple[str, ...]]]
     "pytest": (_steps_pytest, ("timeout", "save", "tail")),
     "run": (_steps_run, ("candidate", "seed", "timeout", "no-queue", "save")),
     "bench": (_steps_bench, ("candidate", "timeout", "reps", "no-compile", "world", "batch", "log-dir", "hang-s")),
+    "bench-model": (_steps_bench_model, ("candidate", "timeout", "steps", "mixed-steps", "profile-steps", "batches",
+                                         "contexts", "chunk")),
     "calibrate": (_steps_calibrate, ("raw", "aa", "planted", "timeout")),
     "calibrate-judged": (_steps_calibrate_judged, ("raw", "evaluated", "aa", "planted", "workload", "timeout")),
     "micro": (_steps_micro, ("save", "reps", "timeout")),
@@ -475,6 +491,11 @@ PRESETS: dict[str, tuple[str, list[str]]] = {
                                   f"bench:k3_allreduce_rmsnorm,candidate={_AR},timeout=300,world=2+4,reps=100",
                                   "exploits,gpu=0,archive=exploits_h200.tar.gz"]),
     "h200_exploits": ("log.txt", ["git", "activate", "exploits"]),
+    # K3-mini end to end, batch 1-64 x context 128-32k (issue 15 item 2): ~4 min estimated (1 min of prefill,
+    # ~5 s per configuration); stopped at 400 s with the configurations done so far kept if that is wrong
+    "h200_bench_model": ("log_bench_model.txt", ["git,fresh", "versions", "smi",
+                                                 "bench-model:k3_moe_dispatch,timeout=420,steps=50,mixed-steps=4,"
+                                                 "profile-steps=2"]),
 }
 
 

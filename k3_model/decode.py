@@ -11,6 +11,10 @@ Every forward runs inside :func:`k3_model.dispatch.forward_context` with the ste
 requested ``decode_backend``, and under a trace recorder, so :attr:`GenerationResult.steps` says which
 implementation each op took on each step.
 
+:class:`StaticDecodeStep` is one greedy decode step over fixed storage (a static cache, fixed input
+and output buffers, no host synchronisation), the form a CUDA graph captures and replays
+(``workbench bench-model``); it runs eagerly on any device.
+
 Source: issue 6 ("a standalone decode loop ... KV cache for MLA, recurrent state for KDA");
 DESIGN.md "K3 ops and the decode backend".
 """
@@ -23,8 +27,8 @@ from typing import Any
 
 import torch
 
-from k3_model.dispatch import forward_context, record_trace
-from k3_model.layers import check_finite
+from k3_model.dispatch import Decision, forward_context, record_trace
+from k3_model.layers import KDAState, StaticMLACache, check_finite
 from k3_model.model import K3Cache, K3Model
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -135,3 +139,102 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
             last = _step(model, nxt.unsqueeze(1), cache, phase="decode", decode_backend=decode_backend, steps=steps)[:, -1]
     stack = lambda xs: torch.stack(xs, 1).cpu()  # noqa: E731
     return GenerationResult(stack(toks), stack(lps).float(), stack(amax), stack(margins).float(), steps, cache)
+
+
+class StaticDecodeStep:
+    """One greedy decode step of B sequences over fixed storage: the callable a CUDA graph captures.
+
+    Every call reads ``tokens``, runs :meth:`K3Model.forward` over the static cache inside
+    ``forward_context(decode_backend=..., phase="decode")``, writes ``logits`` and ``next_tokens`` and
+    copies ``next_tokens`` into ``tokens``, so successive calls (or replays of a graph captured from one
+    call) decode successive tokens. Nothing in a call synchronises with the host or allocates a tensor
+    whose shape depends on data; the caller allocates everything before capture.
+
+    Args:
+        model: the model.
+        cache: a filled ordinary cache (:meth:`K3Model.new_cache`) of B sequences at context L; copied
+            into fixed storage of ``capacity`` slots (the source is not changed).
+        first_tokens: (B,) int64, the token each sequence decodes first (its greedy choice after the
+            context); checked against the vocabulary here, once, on the host.
+        decode_backend: ``standard`` or ``latency_specialized``.
+        capacity: MLA slots per sequence (tokens), at least L + the calls to come.
+
+    Attributes:
+        tokens: (B, 1) int64 input. logits: (B, V) float32 output. next_tokens: (B,) int64 output.
+        cache: the static :class:`K3Cache`.
+        last_decisions: the dispatcher's decisions of the last host-side call (for a captured graph: the
+            capture's, which every replay repeats). last_trace: the same as ``"op:implementation" -> calls``.
+
+    Raises:
+        ValueError: the cache is static already, the token ids or batch do not match, or ``capacity``
+            is below the context.
+
+    Source: PyTorch "CUDA Graphs" notes (static inputs and outputs, no sync inside capture).
+    """
+
+    def __init__(self, model: K3Model, cache: K3Cache, first_tokens: torch.Tensor, *, decode_backend: str,
+                 capacity: int) -> None:
+        if cache.static:
+            raise ValueError("StaticDecodeStep: pass an ordinary cache (model.new_cache) to copy from; got a static one.")
+        B = int(first_tokens.shape[0])
+        V = model.text.vocab_size
+        if first_tokens.dim() != 1 or int(first_tokens.min()) < 0 or int(first_tokens.max()) >= V:
+            raise ValueError(f"StaticDecodeStep: first_tokens must be (B,) ids in [0, {V}); got shape "
+                             f"{tuple(first_tokens.shape)}, range [{int(first_tokens.min())}, {int(first_tokens.max())}].")
+        if capacity < cache.length:
+            raise ValueError(f"StaticDecodeStep: capacity {capacity} is below the context of {cache.length} tokens.")
+        self.model, self.decode_backend = model, decode_backend
+        self.cache = model.new_static_cache(B, capacity)
+        for dst, src in zip(self.cache.layers, cache.layers):
+            if isinstance(src, KDAState):
+                if src.recurrent.shape[0] != B:
+                    raise ValueError(f"StaticDecodeStep: the cache holds {src.recurrent.shape[0]} sequences; "
+                                     f"first_tokens has {B}.")
+                dst.recurrent.copy_(src.recurrent)
+                dst.conv.copy_(src.conv)
+            else:
+                dst.append(*src.view())
+        self.cache.length = cache.length
+        dev = model.device
+        self.tokens = first_tokens.to(dev, torch.int64).view(B, 1).clone()
+        self.logits = torch.zeros(B, V, dtype=torch.float32, device=dev)
+        self.next_tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.last_decisions: list[Decision] = []
+
+    def __call__(self) -> None:
+        """Decode one token per sequence (see the class docstring)."""
+        with record_trace() as trace, forward_context(decode_backend=self.decode_backend, phase="decode"):
+            logits = self.model.forward(self.tokens, self.cache)
+        self.logits.copy_(logits[:, -1])
+        self.next_tokens.copy_(self.logits.argmax(dim=-1))
+        self.tokens.copy_(self.next_tokens.view(-1, 1))
+        self.last_decisions = list(trace.decisions)
+
+    @property
+    def last_trace(self) -> dict[str, int]:
+        """``"op:implementation" -> calls`` of the last host-side call."""
+        return dict(Counter(f"{d.op}:{d.implementation}" for d in self.last_decisions))
+
+    def positions(self) -> list[int]:
+        """Tokens stored per sequence in each MLA layer, read from the device (synchronises: not in a step)."""
+        return [int(st.position) for st in self.cache.layers if isinstance(st, StaticMLACache)]
+
+    def _state(self) -> list[torch.Tensor]:
+        out = [self.tokens]
+        for st in self.cache.layers:
+            out += [st.recurrent, st.conv] if isinstance(st, KDAState) else [st.position]
+        return out
+
+    def snapshot(self) -> list[torch.Tensor]:
+        """Copies of the state a step advances: the input tokens, each KDA layer's recurrent and conv
+        state, each MLA layer's position (the slots past it are rewritten by the steps that follow)."""
+        return [t.clone() for t in self._state()] + [torch.tensor(self.cache.length)]
+
+    def restore(self, snap: list[torch.Tensor]) -> None:
+        """Copy a :meth:`snapshot` back into the same storage (addresses unchanged, so a captured graph
+        replays from that state)."""
+        *tensors, length = snap
+        for dst, src in zip(self._state(), tensors):
+            dst.copy_(src)
+        self.cache.length = int(length)
+

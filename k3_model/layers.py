@@ -379,8 +379,72 @@ class MLACache:
         """``(latent (B, S, L), k_pe (B, S, r))`` of the S = ``length`` stored tokens."""
         return self.latent[:, :self.length], self.k_pe[:, :self.length]
 
+    def visible(self, T: int) -> torch.Tensor:
+        """Causal mask of the T tokens appended last over the S = ``length`` stored ones.
 
-def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache, *, heads: int, nope: int, rope: int, v_dim: int,
+        Returns:
+            (T, S) bool: query t (position S - T + t) sees stored token s iff s <= S - T + t.
+        """
+        S, dev = self.length, self.latent.device
+        pos_q = torch.arange(S - T, S, device=dev).view(T, 1)
+        return torch.arange(S, device=dev).view(1, S) <= pos_q
+
+
+class StaticMLACache:
+    """The latent KV cache of one MLA layer in fixed storage, for a decode step captured as a CUDA graph.
+
+    Same role and layout as :class:`MLACache`, but storage for ``capacity`` tokens is allocated up front
+    and the write position lives on the device (``position``), so a step reads and writes the same
+    addresses every time and never asks the host how long the sequences are (no synchronisation, no
+    data-dependent shape): :meth:`view` returns all ``capacity`` slots and :meth:`visible` masks the
+    ones past the position. A step of T tokens costs attention over ``capacity`` slots, so size it to
+    the longest context the caller reaches, not more. Writing past ``capacity`` is an index error
+    (a device-side assert on CUDA): the caller plans its steps (``workbench bench-model`` does).
+    Attention over it equals attention over an :class:`MLACache` with the same tokens up to rounding
+    (the reductions run over ``capacity`` slots, the masked ones adding exactly 0: ~1 ulp).
+
+    Attributes:
+        latent: (B, capacity, L) the compute dtype, zeros where nothing was written (a masked slot
+            then weighs exactly 0). k_pe: (B, capacity, r). position: (1,) int64, tokens stored.
+
+    Source: PyTorch "CUDA Graphs" notes (static addresses, no host sync inside capture);
+    k3_architecture.md §4.3 (576 cached values per token).
+    """
+
+    def __init__(self, batch: int, kv_lora_rank: int, rope_dim: int, *, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        if capacity < 1:
+            raise ValueError(f"StaticMLACache: capacity must be >= 1 token; got {capacity}.")
+        self.capacity = capacity
+        self.latent = torch.zeros(batch, capacity, kv_lora_rank, dtype=dtype, device=device)
+        self.k_pe = torch.zeros(batch, capacity, rope_dim, dtype=dtype, device=device)
+        self.position = torch.zeros(1, dtype=torch.int64, device=device)
+        self._slots = torch.arange(capacity, device=device).view(1, capacity)
+
+    def append(self, latent: torch.Tensor, k_pe: torch.Tensor) -> None:
+        """Store T new tokens per sequence at the device-side position, then advance it by T.
+
+        Args:
+            latent: (B, T, L) normed latents. k_pe: (B, T, r).
+        """
+        T = latent.shape[1]
+        idx = self.position + torch.arange(T, device=self.position.device)  # (T,) on the device
+        self.latent.index_copy_(1, idx, latent.to(self.latent.dtype))
+        self.k_pe.index_copy_(1, idx, k_pe.to(self.k_pe.dtype))
+        self.position += T
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(latent (B, capacity, L), k_pe (B, capacity, r))``: every slot (see :meth:`visible`)."""
+        return self.latent, self.k_pe
+
+    def visible(self, T: int) -> torch.Tensor:
+        """(T, capacity) bool: query t (position ``position - T + t``) sees slots up to its own position."""
+        first = self.position - T  # (1,): the first of the T tokens appended last
+        pos_q = first + torch.arange(T, device=first.device).view(T, 1)
+        return self._slots <= pos_q
+
+
+def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache, *, heads: int, nope: int, rope: int, v_dim: int,
                 kv_lora_rank: int, eps: float, absorbed: bool) -> torch.Tensor:
     """One gated NoPE MLA layer over T new tokens per sequence, attending to everything cached so far.
 
@@ -392,7 +456,8 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache, *, heads: int, 
     Args:
         w: the layer's weights.
         x: (B, T, H) the normalized attention input.
-        cache: the layer's cache; the T new tokens are appended first.
+        cache: the layer's cache (:class:`MLACache`, or :class:`StaticMLACache` for a captured step); the
+            T new tokens are appended first, and it says which stored tokens each query sees.
         heads, nope, rope, v_dim, kv_lora_rank: nh, n, r, dv, L.
         eps: RMSNorm epsilon of ``q_a_layernorm`` / ``kv_a_layernorm`` (rms_norm_eps, as vLLM).
         absorbed: weight-absorbed (decode) or expanded (prefill) form.
@@ -408,7 +473,6 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache, *, heads: int, 
     kv = F.linear(x, w.kv_a_proj_with_mqa)
     cache.append(rms_norm(kv[..., :kv_lora_rank], w.kv_a_layernorm, eps), kv[..., kv_lora_rank:])
     c, k_pe = cache.view()  # (B, S, L), (B, S, r)
-    S = c.shape[1]
     wkv = w.kv_b_proj.view(heads, nope + v_dim, kv_lora_rank)
     w_uk, w_uv = wkv[:, :nope], wkv[:, nope:]  # (nh, n, L), (nh, dv, L)
     if absorbed:
@@ -418,8 +482,7 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache, *, heads: int, 
         k_nope = torch.einsum("bsl,hnl->bshn", c, w_uk)
         scores = torch.einsum("bthn,bshn->bhts", q_nope.float(), k_nope.float())
     scores = (scores + torch.einsum("bthr,bsr->bhts", q_pe.float(), k_pe.float())) * (nope + rope) ** -0.5
-    pos_q = torch.arange(S - T, S, device=x.device).view(T, 1)
-    visible = torch.arange(S, device=x.device).view(1, S) <= pos_q  # (T, S) causal
+    visible = cache.visible(T)  # (T, S) causal
     p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     if absorbed:
         o_lat = torch.einsum("bhts,bsl->bthl", p, c.float())
@@ -535,37 +598,49 @@ def dispatch_rows(routing: dict[str, torch.Tensor], num_tokens: int, top_k: int,
     return rows // top_k, rows % top_k, row_expert
 
 
-def latent_moe(w: LatentMoEWeights, x: torch.Tensor, r: RoutingSettings, *, beta: float, linear_beta: float,
-               eps: float) -> torch.Tensor:
-    """Normalized LatentMoE plus the fused shared experts.
+def dispatch_slots(routing: dict[str, torch.Tensor], num_tokens: int, top_k: int,
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read the block-aligned dispatch layout back per (token, slot), with fixed shapes and no host sync.
 
-    Router on the FULL hidden state (fp32 logits); experts picked and weighted by ``moe_route_dispatch``
-    (biased scores select, unbiased renormalized scores weigh); the routed experts run in the latent
-    ``z = routed_expert_down_proj(x)``; their weighted sum is RMS-normed (once, after the sum) and
-    projected up; the shared experts see the full-width ``x``.
-
-    The experts are driven from the op's **block-aligned layout** (``sorted_token_ids`` / ``expert_ids``
-    / ``num_tokens_post_padded``, read by :func:`dispatch_rows`), and each row's weight is read from
-    ``topk_weights[token, slot]``: every output of the op feeds the model, so a kernel that gets any of
-    them wrong changes the model's output. A token's expert outputs are summed in ascending expert
-    order (fixed reduction order), so the result does not depend on slot order inside a row or token
-    order inside a segment, both free in the op's contract.
+    The capturable counterpart of :func:`dispatch_rows`: instead of cutting the layout at
+    ``num_tokens_post_padded`` on the host, every layout position is inverted on the device: flat row
+    ``t*K + k`` is looked up where the layout holds it, and its expert is the expert of that block.
 
     Args:
-        w: the layer's weights.
-        x: (N, H) tokens (``post_attention_layernorm`` output).
-        r: routing settings.
-        beta, linear_beta: SiTU betas. eps: RMSNorm epsilon of ``routed_expert_norm``.
+        routing: outputs of :func:`route`.
+        num_tokens, top_k, block_size: N, K, B of that call.
 
     Returns:
-        (N, H) in ``x``'s dtype.
-
-    Source: k3_architecture.md §4.4; kernel_targets.md §3.1.
+        ``(experts, found)``: (N, K) int64, the expert the layout sends slot k of token t to (0 where not
+        found), and (N, K) bool, whether the layout holds that row inside ``num_tokens_post_padded`` in
+        a block with an expert. An op that keeps its contract finds every row; one that breaks it is
+        not detected here (that needs the host: the eager path's :func:`dispatch_rows` raises).
     """
-    N = x.shape[0]
-    logits = F.linear(x.float(), w.gate.float())  # fp32 router logits (K3's GateLinear out_dtype=fp32)
-    routing = route(logits, w.e_score_correction_bias, r)
-    z = F.linear(x, w.routed_expert_down_proj)  # (N, Z)
+    numel = num_tokens * top_k
+    sti = routing["sorted_token_ids"].long()
+    cap, dev = sti.numel(), sti.device
+    blocks = routing["expert_ids"].long()
+    block_expert = blocks.view(-1, 1).expand(blocks.numel(), block_size).reshape(-1)[:cap]  # (cap,)
+    pos = torch.arange(cap, device=dev)
+    live = (pos < routing["num_tokens_post_padded"].long()) & (sti >= 0) & (sti < numel) & (block_expert >= 0)
+    dest = torch.where(live, sti, torch.full_like(sti, numel))  # padding and dead rows -> one dump slot
+    where = torch.full((numel + 1,), -1, dtype=torch.int64, device=dev).scatter_(0, dest, pos)[:numel]
+    found = where >= 0
+    experts = torch.where(found, block_expert[where.clamp(min=0)], torch.zeros_like(where))
+    return experts.view(num_tokens, top_k), found.view(num_tokens, top_k)
+
+
+def _routed_sum(w: LatentMoEWeights, z: torch.Tensor, routing: dict[str, torch.Tensor], r: RoutingSettings,
+                beta: float, linear_beta: float) -> torch.Tensor:
+    """The weighted sum of each token's routed experts in the latent, from the layout (eager form).
+
+    Returns:
+        (N, Z) float32.
+
+    Raises:
+        ValueError: the layout breaks the op's contract (see :func:`dispatch_rows`).
+    """
+    N = z.shape[0]
     tokens, slots, experts = dispatch_rows(routing, N, r.top_k, r.block_size)
     R = tokens.numel()
     if R <= GATHER_MAX_ROWS:
@@ -588,13 +663,76 @@ def latent_moe(w: LatentMoEWeights, x: torch.Tensor, r: RoutingSettings, *, beta
     sorted_tok = tokens[order]
     first = torch.searchsorted(sorted_tok, sorted_tok, right=False)
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(R, device=x.device) - first
+    rank[order] = torch.arange(R, device=z.device) - first
     if R and int(rank.max()) >= r.top_k:
         raise ValueError(f"latent_moe: a token was dispatched more than top_k={r.top_k} times; "
                          "moe_route_dispatch broke its contract.")
-    buf = torch.zeros(N, r.top_k, z.shape[1], dtype=torch.float32, device=x.device)
+    buf = torch.zeros(N, r.top_k, z.shape[1], dtype=torch.float32, device=z.device)
     buf[tokens, rank] = contrib
-    y_lat = buf.sum(1)
+    return buf.sum(1)
+
+
+def _routed_sum_capturable(w: LatentMoEWeights, z: torch.Tensor, routing: dict[str, torch.Tensor],
+                           r: RoutingSettings, beta: float, linear_beta: float) -> torch.Tensor:
+    """:func:`_routed_sum` with fixed shapes and no host sync (a step captured as a CUDA graph).
+
+    Each token's K rows are summed in ascending expert order, as the eager form does, so with a layout
+    that keeps the contract both give the same sums; the experts always run as one gathered batched
+    matmul over the N*K rows (the eager form's decode shape, up to :data:`GATHER_MAX_ROWS` rows).
+
+    Returns:
+        (N, Z) float32.
+    """
+    N, K = z.shape[0], r.top_k
+    experts, found = dispatch_slots(routing, N, K, r.block_size)
+    experts, order = torch.sort(experts, dim=1, stable=True)  # ascending expert per token: the eager sum order
+    weight = routing["topk_weights"].gather(1, order) * found.gather(1, order)  # (N, K) fp32, 0 if not found
+    e = experts.reshape(-1)
+    zr = z.unsqueeze(1).expand(N, K, z.shape[1]).reshape(N * K, 1, z.shape[1])  # token t's latent, K times
+    g = torch.bmm(zr, w.w1[e].transpose(1, 2))
+    u = torch.bmm(zr, w.w3[e].transpose(1, 2))
+    out = torch.bmm(situ_glu(g, u, beta, linear_beta), w.w2[e].transpose(1, 2)).squeeze(1)  # (N*K, Z)
+    return (weight.reshape(-1, 1) * out.float()).view(N, K, -1).sum(1)
+
+
+def latent_moe(w: LatentMoEWeights, x: torch.Tensor, r: RoutingSettings, *, beta: float, linear_beta: float,
+               eps: float, capturable: bool = False) -> torch.Tensor:
+    """Normalized LatentMoE plus the fused shared experts.
+
+    Router on the FULL hidden state (fp32 logits); experts picked and weighted by ``moe_route_dispatch``
+    (biased scores select, unbiased renormalized scores weigh); the routed experts run in the latent
+    ``z = routed_expert_down_proj(x)``; their weighted sum is RMS-normed (once, after the sum) and
+    projected up; the shared experts see the full-width ``x``.
+
+    The experts are driven from the op's **block-aligned layout** (``sorted_token_ids`` / ``expert_ids``
+    / ``num_tokens_post_padded``, read by :func:`dispatch_rows`), and each row's weight is read from
+    ``topk_weights[token, slot]``: every output of the op feeds the model, so a kernel that gets any of
+    them wrong changes the model's output. A token's expert outputs are summed in ascending expert
+    order (fixed reduction order), so the result does not depend on slot order inside a row or token
+    order inside a segment, both free in the op's contract.
+
+    Args:
+        w: the layer's weights.
+        x: (N, H) tokens (``post_attention_layernorm`` output).
+        r: routing settings.
+        beta, linear_beta: SiTU betas. eps: RMSNorm epsilon of ``routed_expert_norm``.
+        capturable: read the layout with fixed shapes and no host synchronisation
+            (:func:`dispatch_slots`), so the call can be captured into a CUDA graph; the layout's
+            contract is then not checked (the eager form checks it).
+
+    Returns:
+        (N, H) in ``x``'s dtype.
+
+    Raises:
+        ValueError: eager form only: the layout breaks the op's contract.
+
+    Source: k3_architecture.md §4.4; kernel_targets.md §3.1.
+    """
+    logits = F.linear(x.float(), w.gate.float())  # fp32 router logits (K3's GateLinear out_dtype=fp32)
+    routing = route(logits, w.e_score_correction_bias, r)
+    z = F.linear(x, w.routed_expert_down_proj)  # (N, Z)
+    routed = _routed_sum_capturable if capturable else _routed_sum
+    y_lat = routed(w, z, routing, r, beta, linear_beta)
     y = F.linear(rms_norm(y_lat, w.routed_expert_norm, eps).to(x.dtype), w.routed_expert_up_proj)
     return y + situ_mlp(w.shared, x, beta, linear_beta)
 
@@ -611,6 +749,6 @@ def check_finite(name: str, t: torch.Tensor) -> None:
 
 __all__ = [
     "KDAState", "KDAWeights", "LatentMoEWeights", "MLACache", "MLAWeights", "MLPWeights", "RoutingSettings",
-    "attn_res_mix", "check_finite", "dispatch_rows", "kda_forward", "kda_gate", "kda_recurrence", "latent_moe",
-    "mla_forward", "rms_norm", "route", "situ_glu", "situ_mlp",
+    "StaticMLACache", "attn_res_mix", "check_finite", "dispatch_rows", "dispatch_slots", "kda_forward", "kda_gate",
+    "kda_recurrence", "latent_moe", "mla_forward", "rms_norm", "route", "situ_glu", "situ_mlp",
 ]

@@ -19,7 +19,7 @@ Source: shared/reference/k3_architecture.md §2 (weights), §3 (layer plan), §4
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from k3_model.layers import (
     MLAWeights,
     MLPWeights,
     RoutingSettings,
+    StaticMLACache,
     attn_res_mix,
     kda_forward,
     latent_moe,
@@ -233,12 +234,17 @@ class K3Cache:
     """Decode state of B sequences: one entry per layer (:class:`KDAState` or :class:`MLACache`).
 
     Attributes:
-        layers: per-layer state, index = layer index.
-        length: tokens processed per sequence so far.
+        layers: per-layer state, index = layer index (:class:`StaticMLACache` for MLA when ``static``).
+        length: tokens processed per sequence so far, as the host counts forward calls (a replayed CUDA
+            graph advances the device state only; a static cache's own count is each MLA layer's
+            ``position``).
+        static: fixed storage (:meth:`K3Model.new_static_cache`): a forward over it never synchronises
+            with the host, so a decode step can be captured into a CUDA graph.
     """
 
-    layers: list[KDAState | MLACache]
+    layers: list[KDAState | MLACache | StaticMLACache]
     length: int = 0
+    static: bool = False
 
 
 class K3Model:
@@ -327,17 +333,43 @@ class K3Model:
                 layers.append(KDAState.zeros(batch, la.num_heads, la.head_dim, la.short_conv_kernel_size, self.device))
         return K3Cache(layers)
 
+    def new_static_cache(self, batch: int, capacity: int) -> K3Cache:
+        """Fresh decode state in fixed storage for a step captured as a CUDA graph (see :class:`K3Cache`).
+
+        Args:
+            batch: B sequences (all advance together).
+            capacity: MLA slots per sequence (tokens): the longest context the steps reach. Attention
+                runs over all of them (masked), so a larger capacity costs time at every step.
+
+        Raises:
+            ValueError: ``capacity`` below 1 or above ``max_position_embeddings``.
+        """
+        t, la = self.text, self.text.linear_attn_config
+        if not 1 <= capacity <= t.max_position_embeddings:
+            raise ValueError(f"K3Model.new_static_cache: capacity {capacity} must lie in [1, max_position_embeddings "
+                             f"{t.max_position_embeddings}]; raise max_position_embeddings in the config for longer contexts.")
+        layers: list[KDAState | MLACache | StaticMLACache] = []
+        for lw in self.layers:
+            if lw.kind == "mla":
+                layers.append(StaticMLACache(batch, t.kv_lora_rank, t.qk_rope_head_dim, capacity=capacity,
+                                             dtype=self.dtype, device=self.device))
+            else:
+                layers.append(KDAState.zeros(batch, la.num_heads, la.head_dim, la.short_conv_kernel_size, self.device))
+        return K3Cache(layers, static=True)
+
     # ---- forward -----------------------------------------------------------------------------
 
-    def ffn(self, lw: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        """The layer's FFN on (N, H) rows: dense SiTU MLP (layer 0) or LatentMoE."""
+    def ffn(self, lw: LayerWeights, x: torch.Tensor, *, capturable: bool = False) -> torch.Tensor:
+        """The layer's FFN on (N, H) rows: dense SiTU MLP (layer 0) or LatentMoE (``capturable``: its
+        sync-free form, see :func:`k3_model.layers.latent_moe`)."""
         t = self.text
         b1, b2 = t.activation_situ_beta, t.activation_situ_linear_beta
         if isinstance(lw.ffn, MLPWeights):
             return situ_mlp(lw.ffn, x, b1, b2)
-        return latent_moe(lw.ffn, x, self.routing, beta=b1, linear_beta=b2, eps=t.rms_norm_eps)
+        return latent_moe(lw.ffn, x, self.routing, beta=b1, linear_beta=b2, eps=t.rms_norm_eps, capturable=capturable)
 
-    def attention(self, lw: LayerWeights, x: torch.Tensor, state: KDAState | MLACache, *, absorbed: bool) -> torch.Tensor:
+    def attention(self, lw: LayerWeights, x: torch.Tensor, state: KDAState | MLACache | StaticMLACache, *,
+                  absorbed: bool) -> torch.Tensor:
         """The layer's attention on (B, T, H) sequences with its state."""
         t, la = self.text, self.text.linear_attn_config
         if lw.kind == "kda":
@@ -357,7 +389,9 @@ class K3Model:
 
         Args:
             tokens: (B, T) int64 token ids (T = 1 for a decode step).
-            cache: the sequences' state (B must match).
+            cache: the sequences' state (B must match). A static cache (:meth:`new_static_cache`) skips
+                the host-side checks of the token ids and the length (they would synchronise); the
+                caller vouches for them (the decode step feeds back its own argmax).
             mla_absorbed: MLA form; default absorbed for T == 1 (decode), expanded otherwise (prefill).
 
         Returns:
@@ -368,35 +402,77 @@ class K3Model:
 
         Source: k3_architecture.md §4.1 (wiring), §4.6 (final norm and head).
         """
+        return self.forward_groups([(tokens, cache)], mla_absorbed=mla_absorbed)[0]
+
+    @torch.no_grad()
+    def forward_groups(self, groups: Sequence[tuple[torch.Tensor, K3Cache]], *,
+                       mla_absorbed: bool | None = None) -> list[torch.Tensor]:
+        """One forward over several groups of sequences, each with its own token count and cache.
+
+        A mixed step (one sequence prefilling a chunk while others decode, as a serving engine's chunked
+        prefill batches them): the rows of every group are flattened into one (N, H) batch, N = sum of
+        B_g * T_g, for every layer except attention, which runs per group over the group's cache. So the
+        MoE routing op sees all N tokens in one call, as it does in a serving engine. With one group this
+        is :meth:`forward`.
+
+        Args:
+            groups: ``(tokens (B_g, T_g) int64, cache)`` per group; the caches are distinct.
+            mla_absorbed: MLA form for every group; default per group, absorbed when T_g == 1.
+
+        Returns:
+            (B_g, T_g, V) float32 logits per group, in order.
+
+        Raises:
+            ValueError: no group, a static cache together with other groups, token ids out of range,
+                or a context beyond ``max_position_embeddings``.
+
+        Source: k3_architecture.md §4.1 (wiring), §4.6 (final norm and head).
+        """
         t = self.text
-        B, T = tokens.shape
-        if int(tokens.min()) < 0 or int(tokens.max()) >= t.vocab_size:
-            raise ValueError(f"K3Model.forward: token ids must lie in [0, {t.vocab_size}); got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}].")
-        if cache.length + T > t.max_position_embeddings:
-            raise ValueError(f"K3Model.forward: {cache.length + T} tokens exceed max_position_embeddings "
-                             f"{t.max_position_embeddings}.")
-        absorbed = (T == 1) if mla_absorbed is None else mla_absorbed
+        if not groups:
+            raise ValueError("K3Model.forward_groups: give at least one (tokens, cache) group.")
+        if len(groups) > 1 and any(c.static for _, c in groups):
+            raise ValueError("K3Model.forward_groups: a static cache (a captured decode step) runs alone; "
+                             "pass it to forward().")
+        sizes = [(int(tok.shape[0]), int(tok.shape[1])) for tok, _ in groups]
+        for tok, cache in groups:
+            if cache.static:
+                continue  # host checks would synchronise inside a captured step (see forward)
+            if int(tok.min()) < 0 or int(tok.max()) >= t.vocab_size:
+                raise ValueError(f"K3Model.forward: token ids must lie in [0, {t.vocab_size}); got "
+                                 f"[{int(tok.min())}, {int(tok.max())}].")
+            if cache.length + tok.shape[1] > t.max_position_embeddings:
+                raise ValueError(f"K3Model.forward: {cache.length + tok.shape[1]} tokens exceed max_position_embeddings "
+                                 f"{t.max_position_embeddings}.")
+        absorbed = [(T == 1) if mla_absorbed is None else mla_absorbed for _, T in sizes]
+        static = groups[0][1].static
         eps = t.rms_norm_eps
-        N = B * T
-        h0 = self.embed_tokens[tokens.reshape(-1).to(self.device)]  # (N, H)
+        rows = [B * T for B, T in sizes]
+        ids = [tok.reshape(-1).to(self.device) for tok, _ in groups]
+        h0 = self.embed_tokens[ids[0] if len(ids) == 1 else torch.cat(ids)]  # (N, H)
         blocks: list[torch.Tensor] = []
         prefix: torch.Tensor | None = h0
-        for lw, state in zip(self.layers, cache.layers):
+        for lw in self.layers:
             a_in = attn_res_mix(torch.stack([*blocks, prefix], 1), lw.self_attention_res_norm,
                                 lw.self_attention_res_proj, eps)
             if t.writes_attn_res_block(lw.index):
                 blocks.append(prefix)
                 prefix = None
-            y = self.attention(lw, rms_norm(a_in, lw.input_layernorm, eps).view(B, T, -1), state,
-                               absorbed=absorbed).reshape(N, -1)
+            a_norm = rms_norm(a_in, lw.input_layernorm, eps)
+            parts, start = [], 0
+            for (_, cache), (B, T), n, ab in zip(groups, sizes, rows, absorbed):
+                parts.append(self.attention(lw, a_norm[start:start + n].view(B, T, -1), cache.layers[lw.index],
+                                            absorbed=ab).reshape(n, -1))
+                start += n
+            y = parts[0] if len(parts) == 1 else torch.cat(parts)
             prefix = y if prefix is None else prefix + y
             m_in = attn_res_mix(torch.stack([*blocks, prefix], 1), lw.mlp_res_norm, lw.mlp_res_proj, eps)
-            prefix = prefix + self.ffn(lw, rms_norm(m_in, lw.post_attention_layernorm, eps))
+            prefix = prefix + self.ffn(lw, rms_norm(m_in, lw.post_attention_layernorm, eps), capturable=static)
         out = attn_res_mix(torch.stack([*blocks, prefix], 1), self.output_attn_res_norm, self.output_attn_res_proj, eps)
         logits = F.linear(rms_norm(out, self.norm, eps), self.lm_head).float()
-        cache.length += T
-        return logits.view(B, T, -1)
+        for (_, cache), (_, T) in zip(groups, sizes):
+            cache.length += T
+        return [lg.view(B, T, -1) for lg, (B, T) in zip(logits.split(rows), sizes)]
 
     def num_parameters(self) -> int:
         """Parameters of the checkpoint (elements)."""

@@ -59,6 +59,35 @@ def bootstrap_ratio_ci(
     return float(ratios[lo_i]), float(ratios[hi_i])
 
 
+def bootstrap_median_ci(
+    xs: Sequence[float], *, confidence: float = 0.99, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``median(xs)`` (same method as :func:`bootstrap_ratio_ci`).
+
+    Args:
+        xs: a non-empty sample (e.g. per-step times, microseconds).
+        confidence: two-sided level in (0, 1).
+        resamples: bootstrap resamples.
+        seed: RNG seed (the interval is reproducible).
+
+    Returns:
+        ``(low, high)`` in the unit of ``xs``; both equal the value for a sample of one.
+
+    Raises:
+        ValueError: an empty sample.
+    """
+    import torch
+
+    if not xs:
+        raise ValueError("bootstrap_median_ci needs a non-empty sample.")
+    g = torch.Generator().manual_seed(seed)
+    a = torch.tensor(list(xs), dtype=torch.float64)
+    meds = _median_rows(a[torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)]).sort().values
+    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
+    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
+    return float(meds[lo_i]), float(meds[hi_i])
+
+
 def _median_rows(x):
     """Row-wise median with the two middle values averaged for even lengths (like :func:`median`)."""
     s = x.sort(dim=1).values

@@ -22,11 +22,16 @@ Source: issue 3 "Benchmarks" and "Targets".
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +65,11 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
         RuntimeError: the measuring child failed (its stderr tail in the message).
     """
     from workbench.taskspec import load_task
-    from workbench.worktree import create_candidate
 
     if device != "cuda":
         raise ValueError(f"workbench bench: --device {device!r}: the benchmark times CUDA kernels; use --device cuda.")
     task = load_task(root, task_id)
-    wt = create_candidate(root, task_id, candidate).worktree if candidate else root
+    wt = candidate_worktree(root, task_id, candidate)
     out_dir = Path(out_dir or root / "bench" / "results" / "local")
     out_dir.mkdir(parents=True, exist_ok=True)
     if task.distributed is not None:
@@ -87,14 +91,103 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
     args = {"worktree": str(wt), "task_root": str(task.root), "task_id": task_id, "batches": list(batches),
             "workload": workload or task.perf.workloads[0], "repetitions": repetitions,
             "compile": compile_standard, "out": str(json_path), "candidate": candidate}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(wt), str(Path(__file__).resolve().parents[1])]))
-    proc = subprocess.run([sys.executable, "-m", "workbench.bench", json.dumps(args)], cwd=str(wt), env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0 or not json_path.is_file():
-        raise RuntimeError(f"workbench bench: the measuring child failed (status {proc.returncode}): "
-                           f"{proc.stderr[-3000:]}")
+    run_measuring_child("workbench.bench", args, Path(wt), timeout_s=timeout_s, what="workbench bench")
+    if not json_path.is_file():
+        raise RuntimeError(f"workbench bench: the measuring child exited 0 but wrote no {json_path}.")
     plot(json_path, json_path.with_suffix(".png"))
     return json_path
+
+
+def candidate_worktree(root: Path, task_id: str, candidate: str | None) -> Path:
+    """The folder a measuring child runs in: the candidate committed into its own worktree under
+    ``.workbench/worktrees/`` exactly as ``workbench run`` does (a ``.patch`` file, an overlay folder or
+    a branch), or the checkout itself when there is no candidate.
+
+    Raises:
+        CandidateError: the candidate is missing, does not apply, or changes nothing.
+        RepoError: git fails.
+    """
+    from workbench.worktree import create_candidate
+
+    return Path(create_candidate(root, task_id, candidate).worktree) if candidate else Path(root)
+
+
+TAIL_LINES = 400
+"""Lines of a measuring child's output kept for the error message of a failure."""
+
+
+def run_measuring_child(module: str, args: dict[str, Any], worktree: Path, *, timeout_s: float, what: str,
+                        on_line: Callable[[str], None] | None = None) -> list[str]:
+    """Run ``python -m <module> '<json args>'`` rooted at ``worktree`` and wait for it.
+
+    The child imports the worktree's ``k3_model`` (the candidate's kernels), never this process's:
+    ``cwd`` and the first ``PYTHONPATH`` entry are the worktree. Its stdout and stderr are merged and
+    read line by line; ``on_line`` gets each line in this thread as it arrives (progress, logs). The
+    child runs in its own process group, killed on timeout or when this call is left by an exception
+    (Ctrl-C included).
+
+    Args:
+        module: the child's module (``workbench.bench``, ``workbench.bench_model``).
+        args: JSON-ready arguments, passed as the one command-line argument.
+        worktree: the folder the child runs in (:func:`candidate_worktree`).
+        timeout_s: wall-clock limit (seconds).
+        what: names the command in error messages.
+        on_line: called with every output line (without the newline).
+
+    Returns:
+        The last :data:`TAIL_LINES` lines of output.
+
+    Raises:
+        RuntimeError: the child exited non-zero or ran past ``timeout_s`` (the output's tail in the message).
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(worktree), str(Path(__file__).resolve().parents[1])]))
+    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(args)], cwd=str(worktree), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            bufsize=1, start_new_session=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=0.25)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise TimeoutError from None
+                continue
+            if line is None:
+                break
+            tail.append(line)
+            if on_line is not None:
+                on_line(line)
+        status = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except (TimeoutError, subprocess.TimeoutExpired):
+        _kill_group(proc)
+        raise RuntimeError(f"{what}: the measuring child ran past {timeout_s:.0f} s and was stopped; last output: "
+                           + "\n".join(tail)[-3000:]) from None
+    finally:
+        if proc.poll() is None:  # an exception (Ctrl-C) left the loop: the child never outlives the call
+            _kill_group(proc)
+    if status != 0:
+        raise RuntimeError(f"{what}: the measuring child failed (status {status}): " + "\n".join(tail)[-3000:])
+    return list(tail)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group (it was started in a session of its own) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 # --------------------------------------------------------------------------------- child side

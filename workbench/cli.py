@@ -573,6 +573,85 @@ def bench(
     console.print(str(path), markup=False)
 
 
+def _int_list(command: str, opt: str, text: str | None) -> list[int] | None:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (None stays None); ``command`` names the command in the error.
+
+    Raises:
+        WorkbenchError: an item is not an integer.
+    """
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise WorkbenchError(f"workbench {command}: {opt} {text!r}: expected comma-separated integers, "
+                             f"e.g. {opt} 1,2,4.") from None
+
+
+@app.command("bench-model")
+def bench_model(
+    candidate: str | None = typer.Option(None, "--candidate", "-c", help="Overlay folder, patch or branch whose kernels "
+                                         "the latency_specialized side uses (committed into a worktree as `bench` does)."),
+    task: str = typer.Option("k3_moe_dispatch", "--task", help="The candidate's task (names its worktree; its op must "
+                             "be one K3-mini calls)."),
+    device: str = typer.Option("cuda", "--device", help="cuda (decode steps as CUDA graphs) or cpu (eager)."),
+    batches: str | None = typer.Option(None, "--batches", help="Decode batches, comma-separated (default 1,2,4,8,16,32,64)."),
+    contexts: str | None = typer.Option(None, "--contexts", help="Context lengths in tokens, comma-separated (default "
+                                        "cuda 128,1024,8192,32768; cpu 32,128)."),
+    chunk: int | None = typer.Option(None, "--chunk", help="Prompt chunk in tokens: prefill forward size, and what a "
+                                     "mixed step's prefilling sequence runs (default cuda 128, cpu 32)."),
+    steps: int | None = typer.Option(None, "--steps", help="Decode steps timed per side and configuration (default cuda 50, cpu 8)."),
+    mixed_steps: int | None = typer.Option(None, "--mixed-steps", help="Mixed steps timed per side and configuration "
+                                           "(eager; default cuda 5, cpu 2)."),
+    profile_steps: int | None = typer.Option(None, "--profile-steps", help="Eager decode steps profiled per side and "
+                                             "configuration (default 3; 0: none)."),
+    backends: str = typer.Option("standard,latency_specialized", "--backends", help="Decode backends to time, comma-separated."),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32 or bfloat16 (default cuda bfloat16, cpu float32)."),
+    seed: int = typer.Option(0, "--seed", help="K3-mini weight seed."),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="Output folder (default bench/results/local)."),
+    timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Wall-clock limit of the measuring child (seconds)."),
+    repo: RepoOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """K3-mini end to end: decode_backend standard vs latency_specialized, decode and mixed steps, batch x context.
+
+    Writes k3_mini_bench_model.json (every step time, medians with 99% intervals, tokens/s, speedups, the
+    dispatcher's decisions, a torch.profiler breakdown, the environment), .png and .log to --out-dir.
+    """
+    _verbosity(verbose)
+    from guards import progress
+    from workbench.bench_model import BenchModelSpec, read_result, run_bench_model, summary_rows
+    from workbench.progress_view import showing_progress
+
+    try:
+        spec = BenchModelSpec.resolve(device=device, batches=_int_list("bench-model", "--batches", batches),
+                                      contexts=_int_list("bench-model", "--contexts", contexts), chunk=chunk, steps=steps,
+                                      mixed_steps=mixed_steps, profile_steps=profile_steps,
+                                      backends=[b for b in backends.replace(" ", "").split(",") if b], dtype=dtype,
+                                      seed=seed, candidate=candidate, task_id=task)
+        root = _root(repo)
+        with showing_progress(err):
+            progress.guard_started("bench-model", 1, 1)
+            path = run_bench_model(root, spec, out_dir=out_dir, timeout_s=timeout_s,
+                                   log=lambda line: err.print(line, markup=False, highlight=False))
+    except KeyboardInterrupt:
+        err.print("[yellow]Interrupted: the measuring child was stopped; no result was written.[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (WorkbenchError, ValueError, RuntimeError) as exc:
+        _fail(exc)
+    result = read_result(path)
+    rows = summary_rows(result)
+    t = Table(title=escape(f"K3-mini bench-model on {result.environment.get('gpu_name') or result.spec.device}, "
+                           f"{result.spec.dtype} (decode: {result.rows[0].decode.mode}; mixed: eager)"))
+    for col in rows[0]:
+        t.add_column(escape(col))
+    for r in rows:
+        t.add_row(*(escape(v) for v in r.values()))
+    console.print(t)
+    for suffix in (".json", ".png", ".log"):
+        console.print(str(path.with_suffix(suffix)), markup=False)
+
+
 from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue; light imports only)
 
 app.add_typer(review_app, name="review")

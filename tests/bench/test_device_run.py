@@ -117,7 +117,7 @@ def test_every_preset_plans_and_every_old_script_has_one():
     for name, (log, steps) in dr.PRESETS.items():
         assert log.endswith(".txt") and dr.Runner(REPO_ROOT, None).plan(steps), name
     assert set(dr.PRESETS) == {"h200_run", *(f"h200_run{i}" for i in range(2, 11)), "h200x2_run", "h200x4_run",
-                               "h200_exploits"}
+                               "h200_exploits", "h200_bench_model"}
 
 
 def test_a_real_run_tees_saves_and_tails(tmp_path, monkeypatch):
@@ -135,3 +135,12 @@ def test_a_real_run_tees_saves_and_tails(tmp_path, monkeypatch):
 def test_a_bad_step_makes_no_output_folder(tmp_path):
     out = CliRunner().invoke(dr.app, ["git", "bogus", "--out", str(tmp_path / "o")])
     assert out.exit_code == 2 and not (tmp_path / "o").exists()
+
+
+def test_preset_h200_bench_model_runs_bench_model_on_cuda_within_the_call():
+    lines = [x for x in _dry("--preset", "h200_bench_model") if not x.startswith("#")]
+    assert lines[-1] == ("timeout 420 python3 -m workbench bench-model --candidate tasks/k3_moe_dispatch/fixtures/good/"
+                         "triton-cuda --task k3_moe_dispatch --device cuda --out-dir /o --timeout-s 400 --steps 50 "
+                         "--mixed-steps 4 --profile-steps 2")
+    small = _dry("bench-model:k3_moe_dispatch,timeout=200,batches=1+64,contexts=128+32768")[-1]
+    assert small.endswith("--timeout-s 180 --batches 1,64 --contexts 128,32768"), small

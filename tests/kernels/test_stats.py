@@ -14,7 +14,14 @@ import random
 import pytest
 
 from guards.perf import classify
-from kernels.stats import bootstrap_ratio_ci, mann_whitney_greater, median, paired_ratio_ci, wilcoxon_greater
+from kernels.stats import (
+    bootstrap_median_ci,
+    bootstrap_ratio_ci,
+    mann_whitney_greater,
+    median,
+    paired_ratio_ci,
+    wilcoxon_greater,
+)
 
 
 def _pairs(rng: random.Random, base: float, cand: float, n: int = 150) -> tuple[list[float], list[float]]:
@@ -80,3 +87,16 @@ def test_claimed_path_needs_a_real_gain():
     faster = classify(*_pairs(rng, 100.0, 80.0), claimed=True, **KW)
     assert faster["verdict"] == "gain" and faster["speedup"] == pytest.approx(1.25, rel=0.03)
     assert faster["speedup_ci"][0] > 1.0
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_more_samples():
+    rng = random.Random(5)
+    small = [100 + rng.gauss(0, 5) for _ in range(20)]
+    big = [100 + rng.gauss(0, 5) for _ in range(400)]
+    lo, hi = bootstrap_median_ci(small)
+    assert lo <= median(small) <= hi and lo < hi
+    blo, bhi = bootstrap_median_ci(big)
+    assert 97 < blo <= median(big) <= bhi < 103 and bhi - blo < hi - lo
+    assert bootstrap_median_ci([7.0]) == (7.0, 7.0)
+    with pytest.raises(ValueError):
+        bootstrap_median_ci([])
