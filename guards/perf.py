@@ -436,6 +436,17 @@ def loaded(r: dict) -> bool:
             and r["load_avg"] > r["cpus"])
 
 
+def baseline_sentence(results: list[dict]) -> str:
+    """What the timed configurations' baseline side ran, in one sentence: the kernel merged at the base
+    (``baseline_implementation == "base kernel"``) where its scope covers them, else the standard path."""
+    timed = [r for r in results if r.get("baseline_us")]
+    merged = [r for r in timed if r.get("baseline_implementation") == "base kernel"]
+    if not merged:
+        return "Baseline: the standard path (no kernel merged at the base covers these configurations)."
+    return (f"Baseline: the kernel merged at the base in {len(merged)} of {len(timed)} timed configuration(s) "
+            "(its scope covers them), the standard path elsewhere.")
+
+
 def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "perf") -> Verdict:
     """The perf guard's verdict from its per-configuration entries (``results``, in workload order).
 
@@ -446,6 +457,7 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
         guard: the verdict's guard name.
     """
     bad = [r for r in results if r["verdict"] in FAILING_VERDICTS]
+    against = baseline_sentence(results)
     table = tuple(
         Evidence(name=f"speedup[{r['name']}]", value=round(r["speedup"], 3), unit="x",
                  path=f"base {r['baseline_median_us']:.1f} us, cand {r['candidate_median_us']:.1f} us, "
@@ -463,7 +475,8 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
                      "after re-measuring): the cause may be the environment; judge it on a quiet machine.")
         return Verdict(guard=guard, status=Status.FAIL,
                        summary=f"{len(bad)} configuration(s) fail; first: {r['name']} is {what}: "
-                               f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest}",
+                               f"{r['speedup']:.3f}x (CI {r['speedup_ci'][0]:.3f}-{r['speedup_ci'][1]:.3f}).{rest} "
+                               f"{against}",
                        evidence=table + tuple(Evidence(name="not_timed", value=n) for n in untimed)
                        + ((Evidence(name="machine_load", value=r["load_avg"], unit=f"load average on {r['cpus']} CPUs",
                                     path=r["name"]),) if loaded(r) else ()))
@@ -474,10 +487,10 @@ def perf_verdict(task, results: list[dict], timed: list[str], *, guard: str = "p
     if not gains:  # only a merged base kernel's configurations outside the claim were timed
         return Verdict(guard=guard, status=Status.PASS,
                        summary=f"No regression in the {len(results)} timed configuration(s); none is claimed, "
-                               "so no gain is required.", evidence=table)
+                               f"so no gain is required. {against}", evidence=table)
     return Verdict(guard=guard, status=Status.PASS,
                    summary=f"Faster in all {len(gains)} claimed configurations "
-                           f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere.",
+                           f"({min(gains):.2f}x-{max(gains):.2f}x), no regression anywhere. {against}",
                    evidence=table)
 
 

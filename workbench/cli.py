@@ -59,6 +59,8 @@ def _print_result(result, path: Path) -> None:
         from workbench.report import perf_not_judged_note
 
         console.print(f"  [yellow]{escape(perf_not_judged_note(result))}[/]")
+    if result.candidate.set_aside:
+        console.print(f"  [yellow]baseline: {escape(result.candidate.set_aside)}[/]")
     console.print(str(path), markup=False)
 
 

@@ -172,7 +172,8 @@ def judge_candidate(
         candidate=CandidateInfo(source=cand.source, kind=cand.kind, branch=cand.branch, worktree=str(cand.worktree),
                                 base_commit=cand.base_commit, candidate_commit=cand.candidate_commit,
                                 changed_paths=tuple(ctx.artifacts.changed_paths or ()), agent=agent,
-                                transcript_path=transcript_path),
+                                transcript_path=transcript_path, set_aside=cand.set_aside,
+                                target_base=cand.target_base),
         environment=envmod.collect(device),
         device=device,
         verdicts=tuple(verdicts),
@@ -206,6 +207,18 @@ def _env_prefix() -> str:
     return "".join(f"{k}={shlex.quote(v)} " for k, v in envs.model_eval_overrides().items())
 
 
+def is_task_fixture(root: Path, task_id: str, source: str) -> bool:
+    """Whether ``source`` is a path inside ``tasks/<task_id>/fixtures/`` of the checkout at ``root``."""
+    path = Path(source)
+    if not path.exists():
+        return False
+    try:
+        path.resolve().relative_to((Path(root) / "tasks" / task_id / "fixtures").resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,
                   seed: int | None = None) -> tuple[RunResult, Path]:
     """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file.
@@ -218,9 +231,12 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     task = load_task(root, task_id)
     dev = detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
-    cand = create_candidate(root, task_id, source, base)
+    fixture = is_task_fixture(root, task_id, source)
+    cand = create_candidate(root, task_id, source, base, set_aside_op=task.op if fixture else None)
+    if cand.set_aside:
+        logger.warning("%s: %s; the result is not queued for review", task_id, cand.set_aside)
     shown = str(Path(source).resolve()) if Path(source).exists() else str(source)  # a path works from any cwd
-    cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.base_commit[:12]} "
+    cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.target_base[:12]} "
            f"--device {dev} --seed {seed}")
     try:
         return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)

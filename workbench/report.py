@@ -32,6 +32,7 @@ def render_markdown(r: RunResult) -> str:
     lines += [
         f"- candidate: `{r.candidate.source}` ({r.candidate.kind}) on branch `{r.candidate.branch}`",
         f"- base `{r.candidate.base_commit[:12]}` -> candidate `{r.candidate.candidate_commit[:12]}`",
+        *([f"- baseline: {r.candidate.set_aside} (not queued for review)"] if r.candidate.set_aside else []),
         f"- device: {r.device}; torch {r.environment.get('torch')}; python {r.environment.get('python')}"
         + (f"; GPU {r.environment.get('gpu_name')}" if r.environment.get("gpu_name") else ""),
         f"- started {r.started_at}, took {r.duration_s:.1f} s",

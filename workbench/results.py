@@ -157,6 +157,10 @@ class CandidateInfo(_Model):
     changed_paths: tuple[str, ...] = ()
     agent: str = "patch"
     transcript_path: str | None = None
+    set_aside: str | None = Field(default=None, description="a fixture judged on a fixture base: which merged "
+                                  "kernel that base sets aside (such results are never queued for review)")
+    target_base: str = Field(default="", description="the base revision the run was asked for (base_commit "
+                             "unless a fixture base was made on top of it)")
 
 
 class RunResult(_Model):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import re
 import shutil
 from collections.abc import Iterator
@@ -24,6 +25,9 @@ import git
 from workbench.errors import CandidateError, RepoError
 
 COMMITTER = ("kernel-workbench", "workbench@localhost")
+KERNELS_DIR = "k3_model/kernels"
+"""Where merged kernels live, one package per op (``k3_model/kernels/<op>/``)."""
+logger = logging.getLogger("workbench.worktree")
 
 
 def state_dir(repo_root: Path) -> Path:
@@ -89,6 +93,9 @@ class Candidate:
         worktree: the worktree folder.
         base_commit: SHA the diff is taken against.
         candidate_commit: SHA of the candidate.
+        set_aside: ``None``, or (a fixture judged on a base that has the op's kernel merged) one sentence
+            naming the merged kernel that the fixture base commit sets aside.
+        target_base: the base revision the caller named (``base_commit`` unless a fixture base was made).
     """
 
     source: str
@@ -97,6 +104,12 @@ class Candidate:
     worktree: Path
     base_commit: str
     candidate_commit: str
+    set_aside: str | None = None
+    target_base: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.target_base:
+            object.__setattr__(self, "target_base", self.base_commit)
 
 
 def classify_source(repo: git.Repo, source: str) -> str:
@@ -202,7 +215,32 @@ def _overlay(src: Path, dst: Path) -> None:
             shutil.copyfile(item, target)
 
 
-def create_candidate(repo_root: Path, task_id: str, source: str, base: str | None = None) -> Candidate:
+def merged_kernel_files(repo: git.Repo, commit: str, op: str) -> list[str]:
+    """Paths of the kernel package merged for ``op`` at ``commit`` (``k3_model/kernels/<op>/`` minus its
+    README); empty when none is merged (the package has no ``__init__.py``)."""
+    try:
+        sub = repo.commit(commit).tree / f"{KERNELS_DIR}/{op}"
+    except KeyError:
+        return []
+    if not any(b.name == "__init__.py" for b in sub.blobs):
+        return []
+    return sorted(b.path for b in sub.traverse() if b.type == "blob" and Path(b.path).name != "README.md")
+
+
+def _set_aside_commit(wt_repo: git.Repo, files: list[str], op: str, base_sha: str) -> str:
+    """Commit, in the candidate's worktree, the base minus the op's merged kernel (the fixture base)."""
+    wt_repo.git.rm("-q", "--", *files)
+    wt_repo.git.commit(
+        "-m", f"fixture base: {base_sha[:10]} with the merged {op} kernel set aside (fixtures are written "
+              "against the standard path)", "--no-verify",
+        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1],
+             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1]},
+    )
+    return wt_repo.head.commit.hexsha
+
+
+def create_candidate(repo_root: Path, task_id: str, source: str, base: str | None = None, *,
+                     set_aside_op: str | None = None) -> Candidate:
     """Create the branch and worktree, apply and commit the candidate.
 
     Args:
@@ -210,6 +248,11 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
         task_id: used in the branch and folder names.
         source: ``.patch`` file, overlay folder, or branch/commit.
         base: base revision (default: HEAD; for a branch, its merge-base with HEAD).
+        set_aside_op: for a task's own fixtures: when the base has a kernel merged for this op, the
+            candidate is built on a **fixture base**, one commit on top of the base that removes that
+            kernel (the other ops' merged kernels stay), so the fixture is judged against the standard
+            path it was written against. The result says so (``Candidate.set_aside``) and is never
+            queued for review (its baseline is not what the target runs). Ignored for branches.
 
     Raises:
         CandidateError: the source is missing, does not apply, or changes nothing (the worktree and
@@ -241,7 +284,15 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
         except git.GitCommandError as exc:
             raise RepoError(f"git worktree add failed for {wt}: {exc.stderr.strip()}") from None
     wt_repo = git.Repo(wt)
+    set_aside, target_base = None, base_sha
     try:
+        files = merged_kernel_files(repo, base_sha, set_aside_op) if set_aside_op and kind != "branch" else []
+        if files:
+            base_sha = _set_aside_commit(wt_repo, files, set_aside_op, target_base)
+            set_aside = (f"the {set_aside_op} kernel merged at {target_base[:10]} ({len(files)} file(s) under "
+                         f"{KERNELS_DIR}/{set_aside_op}/) is set aside: this fixture is judged against the standard "
+                         f"path, on fixture base {base_sha[:10]}")
+            logger.info("fixture base: %s", set_aside)
         if kind == "patch":
             try:
                 wt_repo.git.apply("--whitespace=nowarn", str(Path(source).resolve()))
@@ -269,7 +320,7 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
     except Exception:
         remove_candidate(root, wt, branch)
         raise
-    return Candidate(source, kind, branch, wt, base_sha, cand_sha)
+    return Candidate(source, kind, branch, wt, base_sha, cand_sha, set_aside, target_base)
 
 
 def checkout_existing(repo_root: Path, task_id: str, branch: str, base: str | None) -> Candidate:

@@ -80,7 +80,8 @@ SKIPS = {  # the SKIP summaries real guards write (guards/model_eval.py, guards/
 }
 
 
-def candidate_result(root: Path, *, skipped: tuple[str, ...] = ("model_eval", "perf"), n: int = 9) -> Path:
+def candidate_result(root: Path, *, skipped: tuple[str, ...] = ("model_eval", "perf"), n: int = 9,
+                     set_aside: str | None = None) -> Path:
     """Commit a one-file candidate on ``wb/k3_moe_dispatch/<n>`` of a :func:`make_checkout` repository and
     write an accepted result for it under ``root/.workbench/results``: every guard PASS except ``skipped``
     (SKIP, with :data:`SKIPS`' summaries). ``main`` stays checked out at the base; returns the result path."""
@@ -105,7 +106,8 @@ def candidate_result(root: Path, *, skipped: tuple[str, ...] = ("model_eval", "p
     r = RunResult(
         result_id=f"k3_moe_dispatch-{n}-{cand[:8]}", task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
         candidate=CandidateInfo(source="x", kind="folder", branch=branch, worktree="/w", base_commit=base,
-                                candidate_commit=cand, changed_paths=(str(f.relative_to(root)),)),
+                                candidate_commit=cand, changed_paths=(str(f.relative_to(root)),),
+                                set_aside=set_aside),
         environment={}, device="cpu", verdicts=verdicts, accepted=True, perf_judged=perf_was_judged(verdicts),
         seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
         started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)

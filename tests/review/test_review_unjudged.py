@@ -179,3 +179,14 @@ def test_web_fully_judged_candidate_has_no_banner_or_reason_field(site):
     assert '<td class="judged">accepted</td>' in site.get("/").text
     page = site.get("/items/1").text
     assert 'id="unjudged"' not in page and 'name="accept_unjudged"' not in page
+
+
+def test_a_fixture_judged_on_a_fixture_base_is_never_queued(checkout):
+    """A fixture judged with the merged kernel set aside was compared with the standard path, not with what
+    main runs: ``review submit`` refuses it (exit 2, one line naming why) and the queue stays empty."""
+    why = "the moe_dispatch kernel merged at 0123456789 (1 file(s)) is set aside"
+    path = candidate_result(checkout, skipped=(), set_aside=why)
+    out = invoke(checkout, "review", "submit", str(path))
+    assert out.exit_code == 2, out.output  # refused like a rejected result
+    assert f"judged a fixture on a fixture base ({why}); its baseline is not what main runs" in out.stderr
+    assert service.open_store(checkout).items() == []

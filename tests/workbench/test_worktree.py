@@ -198,3 +198,50 @@ def test_clean_prunes_old_worktrees_keeps_recent_and_queued_and_says_what_it_fre
     assert [b for b in _branches(root) if b.startswith("wb/")] == [queued.branch]
     out = CliRunner().invoke(app, ["clean", "--older-than-days", "-1", "--repo", str(root)])
     assert out.exit_code == 2 and "--older-than-days -1: expected a number of days >= 0" in out.stderr
+
+
+def _merge_kernel(repo: Path, src: Path) -> str:
+    """Commit ``src``'s overlay (a good fixture) onto ``main`` as if it had been merged; returns HEAD."""
+    import shutil
+
+    for f in src.rglob("*"):
+        if f.is_file():
+            dst = repo / f.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "merge the lean kernel")
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_fixture_on_a_base_with_the_op_merged_gets_a_fixture_base(fresh_repo):
+    head = _merge_kernel(fresh_repo, fresh_repo / GOOD)
+    # without set_aside_op the same fixture changes nothing: there is nothing to judge
+    with pytest.raises(CandidateError, match="changes nothing"):
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD), set_aside_op="moe_dispatch")
+    assert c.target_base == head and c.base_commit != head
+    assert c.set_aside and "moe_dispatch kernel merged at " + head[:10] in c.set_aside
+    wt = gitpython.Repo(c.worktree)
+    fixture_base = wt.commit(c.base_commit)
+    assert fixture_base.parents[0].hexsha == head
+    assert [d.a_path for d in fixture_base.parents[0].diff(fixture_base)] == [KFILE]  # only the op's kernel removed
+    assert "README.md" in [b.name for b in (fixture_base.tree / "k3_model/kernels/moe_dispatch").blobs]
+    assert wt.commit(c.candidate_commit).parents[0].hexsha == c.base_commit
+    assert [d.b_path for d in fixture_base.diff(wt.commit(c.candidate_commit))] == [KFILE]
+    assert (c.worktree / KFILE).read_bytes() == (fresh_repo / GOOD / KFILE).read_bytes()
+
+
+def test_no_fixture_base_without_a_merged_kernel_or_for_branches(fresh_repo):
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / PATCH), set_aside_op="moe_dispatch")
+    if (fresh_repo / KFILE).exists():  # main has the kernel merged: a patch fixture gets a fixture base too
+        assert c.set_aside and c.base_commit != c.target_base
+    else:
+        assert c.set_aside is None and c.base_commit == c.target_base == git(fresh_repo, "rev-parse", "HEAD")
+    git(fresh_repo, "checkout", "-qb", "contrib")
+    (fresh_repo / "k3_model/kernels/moe_dispatch/NOTES.txt").write_text("x\n")
+    git(fresh_repo, "add", "-A")
+    git(fresh_repo, "commit", "-qm", "contrib")
+    git(fresh_repo, "checkout", "-q", "main")
+    b = create_candidate(fresh_repo, "k3_moe_dispatch", "contrib", set_aside_op="moe_dispatch")
+    assert b.set_aside is None and b.base_commit == b.target_base

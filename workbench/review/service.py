@@ -83,7 +83,9 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
     is queued too: as "accepted, not judged" (:func:`judgement_label`), approvable only with a reason.
 
     Raises:
-        ReviewError: the result was rejected by the guards, or it was queued before with other bytes.
+        ReviewError: the result was rejected by the guards, it judged a fixture on a fixture base (its
+            baseline is the standard path, not the target's merged kernel), or it was queued before with
+            other bytes.
         workbench.errors.WorkbenchError: the file is missing or not a result file.
     """
     path = Path(result_path).resolve()
@@ -94,6 +96,10 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
         raise ReviewError(f"Result {path.name} was rejected by the guards ({why}); only accepted candidates "
                           "enter the review queue. Fix the candidate and run it again.")
     c = result.candidate
+    if c.set_aside:
+        raise ReviewError(f"Result {path.name} judged a fixture on a fixture base ({c.set_aside}); its baseline is "
+                          f"not what {target_branch} runs, so it does not enter the review queue. Judge the candidate "
+                          "from a copy outside tasks/*/fixtures/ to compare it with the merged kernel.")
     return store.add(result_id=result.result_id, result_path=str(path), result_sha256=file_sha256(path),
                      task_id=result.task_id, branch=c.branch, base_commit=c.base_commit,
                      candidate_commit=c.candidate_commit, target_branch=target_branch, who=who)
