@@ -207,18 +207,6 @@ def _env_prefix() -> str:
     return "".join(f"{k}={shlex.quote(v)} " for k, v in envs.model_eval_overrides().items())
 
 
-def is_task_fixture(root: Path, task_id: str, source: str) -> bool:
-    """Whether ``source`` is a path inside ``tasks/<task_id>/fixtures/`` of the checkout at ``root``."""
-    path = Path(source)
-    if not path.exists():
-        return False
-    try:
-        path.resolve().relative_to((Path(root) / "tasks" / task_id / "fixtures").resolve())
-    except ValueError:
-        return False
-    return True
-
-
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,
                   seed: int | None = None) -> tuple[RunResult, Path]:
     """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file.
@@ -231,8 +219,7 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     task = load_task(root, task_id)
     dev = detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
-    fixture = is_task_fixture(root, task_id, source)
-    cand = create_candidate(root, task_id, source, base, set_aside_op=task.op if fixture else None)
+    cand = create_candidate(root, task_id, source, base)
     if cand.set_aside:
         logger.warning("%s: %s; the result is not queued for review", task_id, cand.set_aside)
     shown = str(Path(source).resolve()) if Path(source).exists() else str(source)  # a path works from any cwd

@@ -227,20 +227,40 @@ def merged_kernel_files(repo: git.Repo, commit: str, op: str) -> list[str]:
     return sorted(b.path for b in sub.traverse() if b.type == "blob" and Path(b.path).name != "README.md")
 
 
+def _task_op(root: Path, task_id: str) -> str:
+    from workbench.taskspec import load_task
+
+    return load_task(root, task_id).op
+
+
 def _set_aside_commit(wt_repo: git.Repo, files: list[str], op: str, base_sha: str) -> str:
-    """Commit, in the candidate's worktree, the base minus the op's merged kernel (the fixture base)."""
+    """Commit, in the candidate's worktree, the base minus the op's merged kernel (the fixture base). The
+    commit is dated as its parent, so the same base always gives the same fixture base SHA."""
     wt_repo.git.rm("-q", "--", *files)
+    when = wt_repo.commit(base_sha).committed_datetime.isoformat()
     wt_repo.git.commit(
         "-m", f"fixture base: {base_sha[:10]} with the merged {op} kernel set aside (fixtures are written "
               "against the standard path)", "--no-verify",
-        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1],
-             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1]},
+        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1], "GIT_AUTHOR_DATE": when,
+             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1], "GIT_COMMITTER_DATE": when},
     )
     return wt_repo.head.commit.hexsha
 
 
+def is_task_fixture(root: Path, task_id: str, source: str) -> bool:
+    """Whether ``source`` is a path inside ``tasks/<task_id>/fixtures/`` of the checkout at ``root``."""
+    path = Path(source)
+    if not path.exists():
+        return False
+    try:
+        path.resolve().relative_to((Path(root) / "tasks" / task_id / "fixtures").resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def create_candidate(repo_root: Path, task_id: str, source: str, base: str | None = None, *,
-                     set_aside_op: str | None = None) -> Candidate:
+                     fixture_base: bool | None = None) -> Candidate:
     """Create the branch and worktree, apply and commit the candidate.
 
     Args:
@@ -248,11 +268,13 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
         task_id: used in the branch and folder names.
         source: ``.patch`` file, overlay folder, or branch/commit.
         base: base revision (default: HEAD; for a branch, its merge-base with HEAD).
-        set_aside_op: for a task's own fixtures: when the base has a kernel merged for this op, the
-            candidate is built on a **fixture base**, one commit on top of the base that removes that
-            kernel (the other ops' merged kernels stay), so the fixture is judged against the standard
-            path it was written against. The result says so (``Candidate.set_aside``) and is never
-            queued for review (its baseline is not what the target runs). Ignored for branches.
+        fixture_base: for test material written against the standard path (a task's own fixtures, the
+            default ``None`` detects them: a source inside ``tasks/<task_id>/fixtures/``; ``True`` forces
+            it, ``False`` never): when the base has a kernel merged for the task's op, the candidate is
+            built on a **fixture base**, one commit on top of the base that removes that kernel (the
+            other ops' merged kernels stay), so it is judged against the standard path. The result says
+            so (``Candidate.set_aside``) and is never queued for review (its baseline is not what the
+            target runs). Ignored for branches.
 
     Raises:
         CandidateError: the source is missing, does not apply, or changes nothing (the worktree and
@@ -286,7 +308,10 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
     wt_repo = git.Repo(wt)
     set_aside, target_base = None, base_sha
     try:
-        files = merged_kernel_files(repo, base_sha, set_aside_op) if set_aside_op and kind != "branch" else []
+        if fixture_base is None:
+            fixture_base = is_task_fixture(root, task_id, source)
+        set_aside_op = _task_op(root, task_id) if fixture_base and kind != "branch" else None
+        files = merged_kernel_files(repo, base_sha, set_aside_op) if set_aside_op else []
         if files:
             base_sha = _set_aside_commit(wt_repo, files, set_aside_op, target_base)
             set_aside = (f"the {set_aside_op} kernel merged at {target_base[:10]} ({len(files)} file(s) under "

@@ -216,10 +216,10 @@ def _merge_kernel(repo: Path, src: Path) -> str:
 
 def test_fixture_on_a_base_with_the_op_merged_gets_a_fixture_base(fresh_repo):
     head = _merge_kernel(fresh_repo, fresh_repo / GOOD)
-    # without set_aside_op the same fixture changes nothing: there is nothing to judge
+    # judged against the merged kernel (fixture_base=False) the same fixture changes nothing
     with pytest.raises(CandidateError, match="changes nothing"):
-        create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
-    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD), set_aside_op="moe_dispatch")
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD), fixture_base=False)
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))  # a fixture: detected
     assert c.target_base == head and c.base_commit != head
     assert c.set_aside and "moe_dispatch kernel merged at " + head[:10] in c.set_aside
     wt = gitpython.Repo(c.worktree)
@@ -230,10 +230,12 @@ def test_fixture_on_a_base_with_the_op_merged_gets_a_fixture_base(fresh_repo):
     assert wt.commit(c.candidate_commit).parents[0].hexsha == c.base_commit
     assert [d.b_path for d in fixture_base.diff(wt.commit(c.candidate_commit))] == [KFILE]
     assert (c.worktree / KFILE).read_bytes() == (fresh_repo / GOOD / KFILE).read_bytes()
+    again = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    assert again.base_commit == c.base_commit  # the same base gives the same fixture base
 
 
 def test_no_fixture_base_without_a_merged_kernel_or_for_branches(fresh_repo):
-    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / PATCH), set_aside_op="moe_dispatch")
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / PATCH))
     if (fresh_repo / KFILE).exists():  # main has the kernel merged: a patch fixture gets a fixture base too
         assert c.set_aside and c.base_commit != c.target_base
     else:
@@ -243,5 +245,5 @@ def test_no_fixture_base_without_a_merged_kernel_or_for_branches(fresh_repo):
     git(fresh_repo, "add", "-A")
     git(fresh_repo, "commit", "-qm", "contrib")
     git(fresh_repo, "checkout", "-q", "main")
-    b = create_candidate(fresh_repo, "k3_moe_dispatch", "contrib", set_aside_op="moe_dispatch")
+    b = create_candidate(fresh_repo, "k3_moe_dispatch", "contrib", fixture_base=True)
     assert b.set_aside is None and b.base_commit == b.target_base
