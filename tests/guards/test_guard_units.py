@@ -173,7 +173,7 @@ def _merge_good_kernel(repo: Path) -> None:
 
     shutil.copy(repo / GOOD, repo / "k3_model/kernels/moe_dispatch/__init__.py")
     git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "merge the good kernel")
+    git(repo, "commit", "-qm", "merge the good kernel", "--allow-empty")  # main may have it merged already
 
 
 def test_change_that_never_runs_on_top_of_a_merged_kernel_fails_activation(fresh_repo, tmp_path):
@@ -250,7 +250,7 @@ def test_a_child_that_claims_an_early_scope_rejection_falsely_fails_correctness(
     real = correctness.scope_limits
     monkeypatch.setattr(correctness, "scope_limits",
                         lambda task, device, tp: {**real(task, device, tp), "batch_max": 8})  # child sees 8
-    ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), "false-early")
+    ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text() + "\n# a copy\n", "false-early")
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL and "no result" in " ".join(str(e.value) for e in v.evidence), v.summary
 

@@ -86,9 +86,11 @@ def test_no_forward_context_is_standard_and_says_so(fake_kernel):
     assert tr.decisions[0].reason == "no forward context: batch phase unknown"
 
 
-def test_nothing_merged_on_base_is_reported():
-    dispatch._MODULES.clear()
-    assert declared_scope("moe_dispatch") is None  # the base has only a README in the kernel folder
+def test_nothing_merged_is_reported(monkeypatch):
+    # a kernel folder holding only its README imports as a namespace package (no __file__)
+    monkeypatch.setitem(sys.modules, OPMOD, types.ModuleType(OPMOD))
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    assert declared_scope("moe_dispatch") is None
     with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
         _call(2)
     assert tr.decisions[0].reason == "no latency-specialized kernel merged for moe_dispatch"

@@ -87,7 +87,9 @@ def test_git_repo_that_is_not_a_workbench_checkout(tmp_path):
     assert p.returncode == 2 and "not a kernel-workbench checkout" in p.stderr
 
 
-def test_selftest_skips_a_fixture_already_merged(fresh_repo):
+def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
+    """The good fixture is merged at the base (as on main): selftest still judges it, against the standard
+    path on a fixture base that sets the merged kernel aside, says so, and queues nothing."""
     import shutil
 
     from tests.conftest import git
@@ -95,10 +97,15 @@ def test_selftest_skips_a_fixture_already_merged(fresh_repo):
     src = fresh_repo / GOOD / "k3_model/kernels/moe_dispatch/__init__.py"
     shutil.copy(src, fresh_repo / "k3_model/kernels/moe_dispatch/__init__.py")
     git(fresh_repo, "add", "-A")
-    git(fresh_repo, "commit", "-qm", "merge the good kernel")
+    git(fresh_repo, "commit", "-qm", "merge the good kernel", "--allow-empty")  # main may have it already
+    head = git(fresh_repo, "rev-parse", "HEAD")
     p = wb(fresh_repo, "selftest", "k3_moe_dispatch", "-f", "lean-torch-cpu")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "lean-torch-cpu is already merged at the base" in p.stdout
+    out = " ".join(p.stdout.split())
+    assert f"baseline: the moe_dispatch kernel merged at {head[:10]}" in out
+    assert "this fixture is judged against the standard path, on fixture base" in out
+    assert "1 as expected" in out
+    assert "queued" not in p.stderr.replace("not queued", "")
 
 
 def test_tables_are_not_truncated_when_piped(project_repo):

@@ -39,7 +39,7 @@ def _overlay(tmp_path: Path, name: str, text: str) -> Path:
 
 def test_content_key_same_up_to_comments_and_differs_by_code_device_task_and_guards(project_repo, tmp_path):
     task = load_task(project_repo, "k3_moe_dispatch")
-    src = GOOD.read_text()
+    src = GOOD.read_text() + "\nVARIANT = 1  # differs from the kernel merged on main\n"
     c1 = create_candidate(project_repo, "k3_moe_dispatch", str(_overlay(tmp_path, "a", src)))
     c2 = create_candidate(project_repo, "k3_moe_dispatch", str(_overlay(tmp_path, "b", src + "\n# tuned\n")))
     c3 = create_candidate(project_repo, "k3_moe_dispatch", str(_overlay(tmp_path, "c", src + "\nX = 1\n")))
@@ -78,7 +78,7 @@ class _Ran:
 
 def test_a_bug_found_once_stays_found_when_the_same_content_is_judged_again(project_repo, tmp_path):
     task = load_task(project_repo, "k3_moe_dispatch")
-    src = GOOD.read_text()
+    src = GOOD.read_text() + "\nVARIANT = 1  # differs from the kernel merged on main\n"
     guards = [IsolationGuard(), _Flaky(), _Ran()]
     c1 = create_candidate(project_repo, "k3_moe_dispatch", str(_overlay(tmp_path, "a", src)))
     r1, p1 = judge_candidate(project_repo, task, c1, device="cpu", seed=7, guards=guards)

@@ -20,19 +20,24 @@ def _branches(repo: Path) -> list[str]:
     return [h.name for h in gitpython.Repo(repo).heads]
 
 
-def test_folder_candidate_is_committed_in_its_own_worktree(fresh_repo):
-    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
-    assert c.kind == "folder" and c.branch == "wb/k3_moe_dispatch/1"
+def test_folder_candidate_is_committed_in_its_own_worktree(fresh_repo, tmp_path):
+    # an overlay outside the task's fixtures (an edited copy of the good fixture), judged on HEAD itself
+    src = tmp_path / "tuned"
+    (src / KFILE).parent.mkdir(parents=True)
+    (src / KFILE).write_text((fresh_repo / GOOD / KFILE).read_text() + "\n# tuned\n")
+    before = (fresh_repo / KFILE).read_bytes() if (fresh_repo / KFILE).exists() else None
+    c = create_candidate(fresh_repo, "k3_moe_dispatch", str(src))
+    assert c.kind == "folder" and c.branch == "wb/k3_moe_dispatch/1" and c.set_aside is None
     assert c.worktree == fresh_repo / ".workbench" / "worktrees" / "k3_moe_dispatch-1"
-    assert c.base_commit == git(fresh_repo, "rev-parse", "HEAD")
+    assert c.base_commit == c.target_base == git(fresh_repo, "rev-parse", "HEAD")
     wt = gitpython.Repo(c.worktree)
     assert wt.head.commit.hexsha == c.candidate_commit
     assert wt.head.commit.parents[0].hexsha == c.base_commit
     assert [d.b_path for d in wt.head.commit.parents[0].diff(wt.head.commit)] == [KFILE]
     assert not wt.is_dirty(untracked_files=True)
-    assert (c.worktree / KFILE).read_bytes() == (fresh_repo / GOOD / KFILE).read_bytes()
+    assert (c.worktree / KFILE).read_bytes() == (src / KFILE).read_bytes()
     # the main checkout is untouched
-    assert not (fresh_repo / KFILE).exists()
+    assert ((fresh_repo / KFILE).read_bytes() if (fresh_repo / KFILE).exists() else None) == before
     assert gitpython.Repo(fresh_repo).active_branch.name == "main"
 
 
