@@ -342,7 +342,7 @@ def _perf_case(fn, fc, rt, req, case):
     base_backend = "latency_specialized" if base_mod is not None else "standard"
     traces = {}
     for side, backend in (("baseline", base_backend), ("candidate", req["decode_backend"])):
-        with _baseline_kernel(req["op"], base_mod if side == "baseline" else None):
+        with _baseline_kernel(_kernel_key(req), base_mod if side == "baseline" else None):
             probe = {k: v.clone() for k, v in side_sets[side][0].items()} if inplace else side_sets[side][0]
             _barrier()
             traces[side] = _decisions(_call(fn, fc, rt, backend, phase, probe, outs[side][0], kw))
@@ -355,13 +355,13 @@ def _perf_case(fn, fc, rt, req, case):
         import k3_model.dispatch as d
 
         # both sides pay the same dictionary swap inside the timed call (the candidate swaps in its own)
-        swap = (base_mod if side == "baseline" else d._MODULES.get(req["op"])) if base_mod is not None else None
+        swap = (base_mod if side == "baseline" else d._MODULES.get(_kernel_key(req))) if base_mod is not None else None
 
         def run():
             i = calls[side] % n
             calls[side] += 1
             t0 = _clock_ns()
-            with _baseline_kernel(req["op"], swap), fc(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
+            with _baseline_kernel(_kernel_key(req), swap), fc(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
                 fn(**side_in[i], **kw, **side_outs[i])
             side_wall.append(_clock_ns() - t0)
         return run
@@ -418,6 +418,13 @@ class _baseline_kernel:
 
             d._MODULES[self.op] = self.prev
         return False
+
+
+def _kernel_key(req):
+    """The dispatcher's module key for the request's op on its device (a device subpackage or the op's package)."""
+    from k3_model.dispatch import kernel_key
+
+    return kernel_key(req["op"], req["device"])
 
 
 def _load_baseline_kernel(path, op):
@@ -724,7 +731,7 @@ def main() -> int:
         watched = [importlib.import_module(m) for m in (*_WATCHED, mod_name)]
         before = _snapshot(watched)  # the candidate's kernel is not imported yet
         standard_only = req["mode"] in ("model_eval", "model_eval_vllm") and req["decode_backend"] == "standard"
-        scope = None if standard_only else declared_scope(req["op"])  # standard runs never import kernel code
+        scope = None if standard_only else declared_scope(req["op"], req["device"])  # standard runs import no kernel code
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }

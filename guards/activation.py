@@ -169,6 +169,32 @@ def scope_verdict(claimed: dict | None, task, device: str, tested_tp: list[int])
     return None
 
 
+def files_for_other_devices(op: str, device: str, worktree, changed: list[str]) -> list[str]:
+    """Changed files under ``k3_model/kernels/<op>/`` that do not serve ``device``: with a device
+    subpackage ``<op>/<device>/`` in the candidate (``k3_model.dispatch.kernel_key``), everything outside
+    it; without one, the files of other devices' subpackages (``<op>/<other device>/``).
+
+    Source: k3_model/dispatch.py ``kernel_key`` (one kernel package per device, each judged there).
+    """
+    from pathlib import Path
+
+    from k3_model.dispatch import KERNEL_DEVICES
+
+    root = f"k3_model/kernels/{op}/"
+    mine = f"{root}{device}/"
+    has_sub = device in KERNEL_DEVICES and (Path(worktree) / mine / "__init__.py").is_file()
+    out = []
+    for f in changed:
+        if not f.startswith(root) or Path(f).name == "README.md":
+            continue
+        if has_sub:
+            if not f.startswith(mine):
+                out.append(f)
+        elif any(f.startswith(f"{root}{d}/") for d in KERNEL_DEVICES if d != device):
+            out.append(f)
+    return sorted(out)
+
+
 class ActivationGuard:
     """Checks the recorded dispatch decisions against the declared scope."""
 
@@ -191,6 +217,16 @@ class ActivationGuard:
         early = ctx.artifacts.scope_verdict
         if early is not None:  # found before correctness ran (guards/correctness.py): no configuration ran
             return early
+        other = files_for_other_devices(task.op, ctx.device, ctx.worktree, ctx.artifacts.changed_paths or [])
+        if other:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=(f"The candidate changes {len(other)} file(s) that serve other devices than {ctx.device}, the "
+                         f"device of this run (first: {other[0]}): a run judges the kernel package serving its device "
+                         f"only (k3_model/kernels/{task.op}/{ctx.device}/ when it exists, else the op's package outside "
+                         "other devices' subpackages). Judge those files on their device, in a candidate of their own."),
+                evidence=tuple(Evidence(name="changed_for_other_device", value=f) for f in other),
+            )
         bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.tested_tp_sizes or [1])
         if bad is not None:
             return bad

@@ -197,7 +197,7 @@ class PerfGuard:
                                          device=ctx.device, dtype=dtype, tp=task.world_size(w), op=task.op,
                                          shapes=case_shapes(task, w.axes))
         with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
-            base_kernel = extract_base_kernel(ctx.repo_root, ctx.base_commit, task.op, Path(tmp))
+            base_kernel = extract_base_kernel(ctx.repo_root, ctx.base_commit, task.op, Path(tmp), ctx.device)
             return self._check(ctx, cases, claimed_flags, base_kernel)
 
     def _check(self, ctx: GuardContext, cases, claimed_flags, base_kernel: Path | None) -> Verdict:
@@ -813,8 +813,10 @@ def _time_cases(ctx: GuardContext, base_req: dict, timed, rotations) -> tuple[di
     return merged, None, longest
 
 
-def extract_base_kernel(repo_root: Path, base_commit: str, op: str, dest: Path) -> Path | None:
-    """Write the base commit's ``k3_model/kernels/<op>/`` package into ``dest``; ``None`` if none is merged.
+def extract_base_kernel(repo_root: Path, base_commit: str, op: str, dest: Path, device: str | None = None) -> Path | None:
+    """Write the base commit's kernel package serving ``op`` on ``device`` into ``dest``: its
+    ``k3_model/kernels/<op>/<device>/`` subpackage when it has one, else ``k3_model/kernels/<op>/``
+    (as ``k3_model.dispatch.kernel_key`` picks); ``None`` if none is merged.
 
     The base is reviewed code (what main runs today); the timing child loads it under a private module
     name and swaps it into the dispatcher for the baseline side's calls.
@@ -822,11 +824,16 @@ def extract_base_kernel(repo_root: Path, base_commit: str, op: str, dest: Path) 
     import git
 
     tree = git.Repo(repo_root).commit(base_commit).tree
-    try:
-        sub = tree / f"k3_model/kernels/{op}"
-    except KeyError:
-        return None
-    if not any(b.name == "__init__.py" for b in sub.blobs):
+    sub = None
+    for rel in ((f"k3_model/kernels/{op}/{device}",) if device in ("cpu", "cuda") else ()) + (f"k3_model/kernels/{op}",):
+        try:
+            cand = tree / rel
+        except KeyError:
+            continue
+        if any(b.name == "__init__.py" for b in cand.blobs):
+            sub = cand
+            break
+    if sub is None:
         return None
     out = dest / op
     for item in sub.traverse():

@@ -36,6 +36,7 @@ import contextvars
 import dataclasses
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -437,8 +438,13 @@ def record_trace() -> Iterator[DispatchTrace]:
 
 
 _MODULES: dict[str, Any] = {}
-"""op -> imported kernel module (``None``: nothing merged). guards/_child_main.py swaps entries while it
-times the base commit's kernel, so a scope is looked up per module object, not per op."""
+""":func:`kernel_key` (``op``, or ``op.device`` for a device subpackage) -> imported kernel module
+(``None``: nothing merged). guards/_child_main.py swaps entries while it times the base commit's kernel,
+so a scope is looked up per module object, not per op."""
+KERNEL_DEVICES = ("cpu", "cuda")
+"""Device types that may have their own kernel subpackage ``k3_model/kernels/<op>/<device>/``."""
+_KEYS: dict[tuple[str, str], str] = {}
+"""(op, device) -> :func:`kernel_key`'s answer, looked up once per process."""
 _SCOPES: dict[int, tuple[Any, OpScope]] = {}
 """id(module) -> (module, its parsed scope); the module is kept so its id is never reused while cached."""
 
@@ -483,22 +489,52 @@ def _scope_of(op: str, mod: Any) -> OpScope:
     return scope
 
 
-def _specialized_module(op: str) -> Any | None:
-    """Import ``k3_model.kernels.<op>`` once and parse its ``SCOPE``; ``None`` if no kernel for ``op`` is merged.
+def kernel_key(op: str, device: str | None = None) -> str:
+    """Which kernel package serves ``op`` on device type ``device``: ``"<op>.<device>"`` when the
+    subpackage ``k3_model/kernels/<op>/<device>/`` (an ``__init__.py``) exists, else ``"<op>"`` (the op's
+    package itself). One op can so hold a CPU kernel and a CUDA kernel, each judged on its own device:
+    a subpackage's SCOPE must list its device only (:func:`_specialized_module`), and the activation
+    guard lets a candidate judged on one device change only the files that serve that device.
+
+    Args:
+        op: the op name (its folder under ``k3_model/kernels/``).
+        device: ``"cpu"``, ``"cuda"``, another device type (never a subpackage), or ``None`` (the op's
+            package).
+    """
+    if device not in KERNEL_DEVICES:
+        return op
+    hit = _KEYS.get((op, device))
+    if hit is None:
+        import k3_model.kernels as pkg
+
+        hit = op
+        for root in getattr(pkg, "__path__", ()):
+            if os.path.isfile(os.path.join(root, op, device, "__init__.py")):
+                hit = f"{op}.{device}"
+                break
+        _KEYS[(op, device)] = hit
+    return hit
+
+
+def _specialized_module(op: str, device: str | None = None) -> Any | None:
+    """Import the kernel package serving ``op`` on ``device`` (:func:`kernel_key`) once and parse its
+    ``SCOPE``; ``None`` if no kernel for ``op`` is merged.
 
     Raises:
         ScopeError: ``SCOPE`` is missing or not plain data (also when an ``OpScope(...)`` in the module
-            body rejects its arguments while the module is imported).
+            body rejects its arguments while the module is imported), or a device subpackage's SCOPE
+            lists other devices than its own.
         DispatchError: the module exists but fails to import.
     """
-    if op in _MODULES:
-        return _MODULES[op]
-    name = f"k3_model.kernels.{op}"
+    key = kernel_key(op, device)
+    if key in _MODULES:
+        return _MODULES[key]
+    name = f"k3_model.kernels.{key}"
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name in (name, "k3_model.kernels"):
-            _MODULES[op] = None
+            _MODULES[key] = None
             return None
         raise DispatchError(f"{name}: import failed: {exc}. Fix the kernel module.") from exc
     except ScopeError as exc:  # OpScope(...) in the module body refused its fields
@@ -507,21 +543,27 @@ def _specialized_module(op: str) -> Any | None:
         raise DispatchError(f"{name}: import failed with {type(exc).__name__}: {exc}. Fix the kernel module.") from exc
     if getattr(mod, "__file__", None) is None:  # a folder without __init__.py: nothing merged yet
         logger.info("%s is a folder without __init__.py; no latency-specialized kernel for %s", name, op)
-        _MODULES[op] = None
+        _MODULES[key] = None
         return None
-    _scope_of(op, mod)  # parse now: a bad SCOPE fails at import, before any call
-    _MODULES[op] = mod
+    scope = _scope_of(op, mod)  # parse now: a bad SCOPE fails at import, before any call
+    if key != op and tuple(scope.devices) != (device,):
+        raise ScopeError(f"k3_model.kernels.{key} (k3_model/kernels/{op}/{device}/): a device subpackage's SCOPE "
+                         f"lists devices {list(scope.devices)}; it serves {device!r} only, so its SCOPE must say "
+                         f"devices=({device!r},).")
+    logger.info("%s on %s: kernel package k3_model.kernels.%s", op, device or "any device", key)
+    _MODULES[key] = mod
     return mod
 
 
-def declared_scope(op: str) -> OpScope | None:
-    """The parsed scope of the merged latency-specialized kernel for ``op`` (the very object the
-    dispatcher decides with), or ``None`` if none is merged.
+def declared_scope(op: str, device: str | None = None) -> OpScope | None:
+    """The parsed scope of the merged latency-specialized kernel serving ``op`` on device type
+    ``device`` (:func:`kernel_key`; the very object the dispatcher decides with), or ``None`` if none is
+    merged.
 
     Raises:
         ScopeError, DispatchError: as :func:`_specialized_module`.
     """
-    mod = _specialized_module(op)
+    mod = _specialized_module(op, device)
     return None if mod is None else _scope_of(op, mod)
 
 
@@ -560,7 +602,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
         if ctx.decode_backend == STANDARD:
             impl, reason, fn = STANDARD, "decode_backend is standard", standard
         else:
-            mod = _specialized_module(op)
+            mod = _specialized_module(op, device)
             if mod is None:
                 impl, reason, fn = STANDARD, f"no latency-specialized kernel merged for {op}", standard
             else:
@@ -568,7 +610,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                 fn = getattr(mod, entry, None)
                 if not callable(fn):
                     raise DispatchError(
-                        f"k3_model.kernels.{op}: entry point {entry!r} is missing or not callable; "
+                        f"k3_model.kernels.{kernel_key(op, device)}: entry point {entry!r} is missing or not callable; "
                         f"define def {entry}(...) with the op's signature."
                     )
                 if ok:

@@ -375,3 +375,38 @@ def test_distributed_correctness_stops_after_the_first_failing_world_size(projec
     assert all(c.passed for c in result.cases if c.world_size < 4)
     not_run = next(e for e in v.evidence if e.name == "not_run")
     assert not_run.path == "world sizes [8]: a smaller one failed" and not_run.value > 0
+
+
+def test_files_for_other_devices_by_subpackage(tmp_path):
+    from guards.activation import files_for_other_devices
+
+    root = "k3_model/kernels/moe_dispatch"
+    changed = [f"{root}/__init__.py", f"{root}/cuda/__init__.py", f"{root}/cuda/_triton_route.py", f"{root}/README.md",
+               f"{root}/cpu/x.py", "k3_model/ops/other.py"]
+    # no cuda/ subpackage in the worktree: the op's package serves cuda, other devices' subpackages do not
+    assert files_for_other_devices("moe_dispatch", "cuda", tmp_path, changed) == [f"{root}/cpu/x.py"]
+    (tmp_path / root / "cuda").mkdir(parents=True)
+    (tmp_path / root / "cuda" / "__init__.py").write_text("")
+    # with one, only cuda/ serves cuda: the op's own files and cpu/ are the other devices'
+    assert files_for_other_devices("moe_dispatch", "cuda", tmp_path, changed) == [f"{root}/__init__.py",
+                                                                                    f"{root}/cpu/x.py"]
+    assert files_for_other_devices("moe_dispatch", "cpu", tmp_path, changed) == [f"{root}/cuda/__init__.py",
+                                                                                   f"{root}/cuda/_triton_route.py"]
+
+
+def test_a_cuda_subpackage_judged_on_cpu_fails_activation(fresh_repo, tmp_path):
+    """A run judges the kernel package that serves its device only: a CUDA subpackage judged on CPU is not
+    judged at all (the CPU calls never reach it), so activation FAILs and names the file."""
+    _merge_good_kernel(fresh_repo)
+    overlay = tmp_path / "cuda-sub"
+    f = overlay / "k3_model/kernels/moe_dispatch/cuda/__init__.py"
+    f.parent.mkdir(parents=True)
+    f.write_text(HEADER.replace('devices=("cpu",)', 'devices=("cuda",)')
+                 + "def moe_route_dispatch(*a, **k):\n    raise NotImplementedError\n")
+    from workbench.pipeline import run_candidate
+
+    result, _ = run_candidate(fresh_repo, "k3_moe_dispatch", str(overlay), device="cpu")
+    v = result.first_failure()
+    assert v is not None and v.guard == "activation", [x.one_line() for x in result.verdicts]
+    assert v.summary.startswith("The candidate changes 1 file(s) that serve other devices than cpu, the device of "
+                                "this run (first: k3_model/kernels/moe_dispatch/cuda/__init__.py)")

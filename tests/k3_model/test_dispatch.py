@@ -375,3 +375,43 @@ def test_parse_scope_returns_a_fresh_equal_object():
     p = parse_scope(s)
     assert p == s and p is not s
     assert parse_scope({"devices": ("cpu", "cuda"), "tp_sizes": [1, 2], "batch_max": 32}) == s
+
+
+def _device_packages(tmp_path, monkeypatch, op: str, cuda_devices: str) -> None:
+    """``k3_model/kernels/<op>/`` (SCOPE cpu) with a ``cuda/`` subpackage (SCOPE ``cuda_devices``), on a
+    temporary entry of ``k3_model.kernels.__path__``."""
+    import k3_model.kernels as pkg
+
+    scope = 'SCOPE = OpScope(devices=({}), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)\n'
+    head = "from k3_model.dispatch import OpScope\n"
+    (tmp_path / op / "cuda").mkdir(parents=True)
+    (tmp_path / op / "__init__.py").write_text(head + scope.format('"cpu",') + "def run():\n    return 'cpu kernel'\n")
+    (tmp_path / op / "cuda" / "__init__.py").write_text(head + scope.format(cuda_devices) + "def run():\n    return 'cuda kernel'\n")
+    monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(tmp_path)])
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    monkeypatch.setattr(dispatch, "_KEYS", {})
+    for name in (f"k3_model.kernels.{op}", f"k3_model.kernels.{op}.cuda"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_a_device_subpackage_serves_its_device_and_the_op_package_the_others(tmp_path, monkeypatch):
+    _device_packages(tmp_path, monkeypatch, "zz_two_devices", '"cuda",')
+    assert dispatch.kernel_key("zz_two_devices", "cuda") == "zz_two_devices.cuda"
+    assert dispatch.kernel_key("zz_two_devices", "cpu") == "zz_two_devices"
+    assert dispatch.kernel_key("zz_two_devices", "mps") == "zz_two_devices"  # no subpackages for other types
+    assert declared_scope("zz_two_devices", "cuda").devices == ("cuda",)
+    assert declared_scope("zz_two_devices", "cpu").devices == ("cpu",)
+    fn = dispatch.select("zz_two_devices", "run", lambda: "standard", 4, "cuda", "float32")
+    assert fn() == "standard"  # no forward context: the standard path, as always
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        on_cuda = dispatch.select("zz_two_devices", "run", lambda: "standard", 4, "cuda", "float32")
+        on_cpu = dispatch.select("zz_two_devices", "run", lambda: "standard", 4, "cpu", "float32")
+    assert (on_cuda(), on_cpu()) == ("cuda kernel", "cpu kernel")
+    assert tr.implementations() == ["latency_specialized", "latency_specialized"]
+
+
+def test_a_device_subpackage_claiming_another_device_is_a_scope_error(tmp_path, monkeypatch):
+    _device_packages(tmp_path, monkeypatch, "zz_greedy_sub", '"cpu", "cuda"')
+    with pytest.raises(ScopeError, match=r"zz_greedy_sub/cuda/\): a device subpackage's SCOPE lists devices "
+                                         r"\['cpu', 'cuda'\]; it serves 'cuda' only"):
+        declared_scope("zz_greedy_sub", "cuda")
