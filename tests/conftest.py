@@ -25,9 +25,28 @@ def git(cwd: Path, *args: str) -> str:
                           env={**os.environ, **GIT_ENV}).stdout.strip()
 
 
-def make_project_copy(dest: Path) -> Path:
-    """Copy the current working tree (committed or not) into ``dest`` as a fresh one-commit repo."""
+def set_aside_merged_kernels(root: Path) -> list[str]:
+    """Delete every merged kernel file under ``root/k3_model/kernels/<op>/`` (each folder keeps its
+    README.md), as the repository was before any kernel was merged; returns the deleted paths. For tests
+    about mechanics (the review queue, the agent loop) that judge a good fixture as a new candidate: on a
+    base where it is merged already it would be judged on a fixture base and never queued."""
+    gone = []
+    for f in sorted((root / "k3_model" / "kernels").glob("*/**/*")):
+        if f.is_file() and f.name != "README.md":
+            f.unlink()
+            gone.append(str(f.relative_to(root)))
+    for d in sorted((root / "k3_model" / "kernels").glob("*/**/"), reverse=True):
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+    return gone
+
+
+def make_project_copy(dest: Path, *, pristine: bool = False) -> Path:
+    """Copy the current working tree (committed or not) into ``dest`` as a fresh one-commit repo
+    (``pristine``: with the merged kernels set aside, :func:`set_aside_merged_kernels`)."""
     shutil.copytree(REPO_ROOT, dest, ignore=_IGNORE, symlinks=True)
+    if pristine:
+        set_aside_merged_kernels(dest)
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-qm", "base")
@@ -38,6 +57,12 @@ def make_project_copy(dest: Path) -> Path:
 def project_repo(tmp_path_factory) -> Path:
     """A session-wide git copy of the project (runs write their .workbench/ there)."""
     return make_project_copy(tmp_path_factory.mktemp("project") / "repo")
+
+
+@pytest.fixture(scope="session")
+def pristine_repo(tmp_path_factory) -> Path:
+    """A session-wide git copy of the project without its merged kernels (:func:`set_aside_merged_kernels`)."""
+    return make_project_copy(tmp_path_factory.mktemp("pristine") / "repo", pristine=True)
 
 
 @pytest.fixture

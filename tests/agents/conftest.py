@@ -18,9 +18,10 @@ RECORDED = Path(__file__).with_name("recorded")
 
 
 @pytest.fixture(scope="session")
-def repo_template(project_repo) -> Path:
-    """The session's git copy of the project (tests/conftest.py), cloned per module below."""
-    return project_repo
+def repo_template(pristine_repo) -> Path:
+    """The session's git copy of the project without its merged kernels (the agents write a kernel as
+    new; tests/conftest.py), cloned per module below."""
+    return pristine_repo
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,13 @@ GOOD = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 
 
 def _worktree(tmp_path, overlay=None):
+    """A worktree of k3_model/ and kernels/ without main's merged kernels, plus ``overlay``."""
+    from tests.conftest import set_aside_merged_kernels
+
     wt = tmp_path / "wt"
     for pkg in ("k3_model", "kernels"):  # a real worktree has both; the child imports kernels.timing
         shutil.copytree(REPO_ROOT / pkg, wt / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    set_aside_merged_kernels(wt)
     if overlay is not None:
         shutil.copytree(overlay, wt, dirs_exist_ok=True)
     return wt

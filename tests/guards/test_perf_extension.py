@@ -45,7 +45,8 @@ def test_side_record_extend_appends_every_field():
     assert (a.cpu_us, a.wall_us, a.outputs, a.statuses) == ([1.0, 3.0], [2.0, 4.0], [{"x": 1}, {"x": 2}], [b"k", b"!"])
 
 
-def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(project_repo, tmp_path, monkeypatch):
+def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(pristine_repo, tmp_path, monkeypatch):
+    project_repo = pristine_repo  # the good fixture judged as a new kernel
     """With the interval forced inconclusive, the workload is timed 1 + PERF_EXTENSION_ROUNDS rounds; every
     extra call's outputs are checked too (a wrong extension call would be ``wrong_output``)."""
     ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), "ext")

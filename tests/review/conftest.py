@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from review_helpers import REVIEWER, Repo, git
 
-from tests.conftest import expecting_gain
+from tests.conftest import expecting_gain, set_aside_merged_kernels
 
 PROJECT = Path(__file__).resolve().parents[2]
 TASK = "k3_moe_dispatch"
@@ -31,6 +31,10 @@ def template_repo(tmp_path_factory) -> Repo:
     git(root, "checkout", "-q", "-B", "main")
     git(root, "config", "user.name", REVIEWER)
     git(root, "config", "user.email", "reviewer@example.org")
+    # the queue's mechanics are tested with the good fixture as a new kernel: main's merged ones set aside
+    if set_aside_merged_kernels(root):
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", "test base: the merged kernels set aside")
     with expecting_gain():  # the accept rests on a CPU perf gain
         good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
     assert good.accepted, [v.one_line() for v in good.verdicts]
