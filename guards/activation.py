@@ -19,6 +19,7 @@ Source: issue 2 guard 3; issue 12 item 4; DESIGN.md "K3 ops and the decode backe
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from guards.base import GuardContext
 from guards.verdict import Evidence, Status, Verdict
@@ -195,6 +196,61 @@ def files_for_other_devices(op: str, device: str, worktree, changed: list[str]) 
     return sorted(out)
 
 
+def base_scope_devices(text: str) -> list[str] | None:
+    """The ``devices`` of the ``SCOPE = OpScope(devices=...)`` (or ``SCOPE = {"devices": ...}``) assignment
+    in a kernel package's source, read without running it; ``None`` when it is not a literal there."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SCOPE" for t in node.targets)):
+            continue
+        value = None
+        if isinstance(node.value, ast.Call):
+            value = next((k.value for k in node.value.keywords if k.arg == "devices"), None)
+        elif isinstance(node.value, ast.Dict):
+            value = next((v for k, v in zip(node.value.keys, node.value.values)
+                          if isinstance(k, ast.Constant) and k.value == "devices"), None)
+        try:
+            devices = ast.literal_eval(value) if value is not None else None
+        except ValueError:
+            return None
+        if isinstance(devices, (tuple, list)) and all(isinstance(d, str) for d in devices):
+            return list(devices)
+        return None
+    return None
+
+
+def base_devices_changed(op: str, device: str, repo_root, base_commit: str, changed: list[str]) -> list[str]:
+    """Devices other than ``device`` that the op's package (``k3_model/kernels/<op>/`` outside device
+    subpackages) serves at the base, when the candidate changes that package; empty when it changes none
+    of it, when the base has no kernel there, or when the base serves ``device`` only. A SCOPE that is not
+    a literal counts as serving every device (``["unknown: SCOPE is not a literal"]``).
+
+    Source: k3_model/dispatch.py ``kernel_key`` (one kernel package per device, each judged there).
+    """
+    import git
+
+    from k3_model.dispatch import KERNEL_DEVICES
+
+    root = f"k3_model/kernels/{op}/"
+    flat = [f for f in changed if f.startswith(root) and Path(f).name != "README.md"
+            and not any(f.startswith(f"{root}{d}/") for d in KERNEL_DEVICES)]
+    if not flat:
+        return []
+    try:
+        text = (git.Repo(repo_root).commit(base_commit).tree / f"{root}__init__.py").data_stream.read().decode()
+    except (KeyError, ValueError, UnicodeDecodeError):
+        return []  # nothing merged in the op's package at the base
+    devices = base_scope_devices(text)
+    if devices is None:
+        return ["unknown: SCOPE is not a literal"]
+    return sorted(set(devices) - {device})
+
+
 class ActivationGuard:
     """Checks the recorded dispatch decisions against the declared scope."""
 
@@ -226,6 +282,18 @@ class ActivationGuard:
                          f"only (k3_model/kernels/{task.op}/{ctx.device}/ when it exists, else the op's package outside "
                          "other devices' subpackages). Judge those files on their device, in a candidate of their own."),
                 evidence=tuple(Evidence(name="changed_for_other_device", value=f) for f in other),
+            )
+        served = base_devices_changed(task.op, ctx.device, ctx.repo_root, ctx.base_commit,
+                                      ctx.artifacts.changed_paths or [])
+        if served:
+            return Verdict(
+                guard=self.name, status=Status.FAIL,
+                summary=(f"The candidate changes k3_model/kernels/{task.op}/, the package that serves {served} at the "
+                         f"base (its SCOPE there), judged on {ctx.device} only: a change to it would reach devices this "
+                         f"run does not judge. Put a {ctx.device} kernel in k3_model/kernels/{task.op}/{ctx.device}/ "
+                         f"(docs/usage.md \"One kernel package per device\"), or judge the change on {served}."),
+                evidence=(Evidence(name="base_scope_devices", value=str(served),
+                                   path=f"k3_model/kernels/{task.op}/__init__.py"),),
             )
         bad = scope_verdict(claimed, task, ctx.device, ctx.artifacts.tested_tp_sizes or [1])
         if bad is not None:

@@ -410,3 +410,28 @@ def test_a_cuda_subpackage_judged_on_cpu_fails_activation(fresh_repo, tmp_path):
     assert v is not None and v.guard == "activation", [x.one_line() for x in result.verdicts]
     assert v.summary.startswith("The candidate changes 1 file(s) that serve other devices than cpu, the device of "
                                 "this run (first: k3_model/kernels/moe_dispatch/cuda/__init__.py)")
+
+
+def test_a_change_to_the_package_that_serves_other_devices_at_the_base_is_named(tmp_path):
+    """A candidate judged on cuda that rewrites the op's package, which serves cpu at the base, would take
+    the CPU kernel away unjudged: base_devices_changed names cpu (the activation guard FAILs on it)."""
+    from guards.activation import base_devices_changed, base_scope_devices
+    from tests.conftest import git
+
+    pkg = tmp_path / "k3_model/kernels/moe_dispatch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(HEADER)
+    git(tmp_path, "init", "-q", "-b", "main")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "base with a cpu kernel")
+    base = git(tmp_path, "rev-parse", "HEAD")
+    flat, sub = "k3_model/kernels/moe_dispatch/__init__.py", "k3_model/kernels/moe_dispatch/cuda/__init__.py"
+    assert base_devices_changed("moe_dispatch", "cuda", tmp_path, base, [flat]) == ["cpu"]
+    assert base_devices_changed("moe_dispatch", "cuda", tmp_path, base, [sub]) == []  # its own package
+    assert base_devices_changed("moe_dispatch", "cpu", tmp_path, base, [flat]) == []  # judged where it serves
+    assert base_devices_changed("dspark_verify", "cuda", tmp_path, base, ["k3_model/kernels/dspark_verify/x.py"]) == []
+    assert base_scope_devices("SCOPE = build_scope()\n") is None  # not a literal: counts as every device
+    (pkg / "__init__.py").write_text("SCOPE = build_scope()\n")
+    git(tmp_path, "commit", "-qam", "a computed scope")
+    assert base_devices_changed("moe_dispatch", "cuda", tmp_path, git(tmp_path, "rev-parse", "HEAD"),
+                                [flat]) == ["unknown: SCOPE is not a literal"]
