@@ -188,12 +188,17 @@ def files_for_other_devices(op: str, device: str, worktree, changed: list[str]) 
     for f in changed:
         if not f.startswith(root) or Path(f).name == "README.md":
             continue
-        if has_sub:
-            if not f.startswith(mine):
-                out.append(f)
-        elif any(f.startswith(f"{root}{d}/") for d in KERNEL_DEVICES if d != device):
+        sub = _served_by_subpackage(op, f)
+        if (sub != device) if has_sub else (sub is not None and sub != device):
             out.append(f)
     return sorted(out)
+
+
+def _served_by_subpackage(op: str, path: str) -> str | None:
+    """The device whose subpackage ``k3_model/kernels/<op>/<device>/`` holds ``path``, or ``None``."""
+    from k3_model.dispatch import KERNEL_DEVICES
+
+    return next((d for d in KERNEL_DEVICES if path.startswith(f"k3_model/kernels/{op}/{d}/")), None)
 
 
 def base_scope_devices(text: str) -> list[str] | None:
@@ -234,11 +239,9 @@ def base_devices_changed(op: str, device: str, repo_root, base_commit: str, chan
     """
     import git
 
-    from k3_model.dispatch import KERNEL_DEVICES
-
     root = f"k3_model/kernels/{op}/"
     flat = [f for f in changed if f.startswith(root) and Path(f).name != "README.md"
-            and not any(f.startswith(f"{root}{d}/") for d in KERNEL_DEVICES)]
+            and _served_by_subpackage(op, f) is None]
     if not flat:
         return []
     try:

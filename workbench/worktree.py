@@ -185,14 +185,21 @@ def _next_index(repo: git.Repo, task_id: str, root: Path) -> int:
     return n
 
 
+def _committer_env(when: str | None = None) -> dict[str, str]:
+    """The workbench's author and committer identity for a git commit (dated ``when``, ISO 8601, if given)."""
+    env = {"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1],
+           "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1]}
+    if when is not None:
+        env.update(GIT_AUTHOR_DATE=when, GIT_COMMITTER_DATE=when)
+    return env
+
+
 def _commit_all(wt_repo: git.Repo, message: str) -> str:
     wt_repo.git.add("-A")
     if not wt_repo.git.diff("--cached", "--name-only").strip():
         raise CandidateError("Candidate changes nothing relative to the base commit; there is nothing to judge.")
     wt_repo.git.commit(
-        "-m", message, "--no-verify",
-        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1],
-             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1]},
+        "-m", message, "--no-verify", env=_committer_env(),
     )
     return wt_repo.head.commit.hexsha
 
@@ -240,9 +247,7 @@ def _set_aside_commit(wt_repo: git.Repo, files: list[str], op: str, base_sha: st
     when = wt_repo.commit(base_sha).committed_datetime.isoformat()
     wt_repo.git.commit(
         "-m", f"fixture base: {base_sha[:10]} with the merged {op} kernel set aside (fixtures are written "
-              "against the standard path)", "--no-verify",
-        env={"GIT_AUTHOR_NAME": COMMITTER[0], "GIT_AUTHOR_EMAIL": COMMITTER[1], "GIT_AUTHOR_DATE": when,
-             "GIT_COMMITTER_NAME": COMMITTER[0], "GIT_COMMITTER_EMAIL": COMMITTER[1], "GIT_COMMITTER_DATE": when},
+              "against the standard path)", "--no-verify", env=_committer_env(when),
     )
     return wt_repo.head.commit.hexsha
 
