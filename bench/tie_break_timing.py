@@ -20,7 +20,9 @@ from k3_model.ops import moe_dispatch as std  # noqa: E402
 TIE = "tests/exploits/honest/honest-tie-break-highest-index/k3_model/kernels/moe_dispatch/__init__.py"
 LEAN = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py"
 SHAPES = {"grouped_t64": dict(T=64, E=256, K=8, G=8, TG=4, B=32), "ungrouped_t64": dict(T=64, E=384, K=8, G=1, TG=1, B=16),
-          "ungrouped_t1": dict(T=1, E=384, K=8, G=1, TG=1, B=16)}
+          "ungrouped_t1": dict(T=1, E=384, K=8, G=1, TG=1, B=16),
+          # the perf workloads whose margin was thinnest in session 9's CI (1.043x at mini_t1)
+          "mini_t1": dict(T=1, E=32, K=4, G=1, TG=1, B=16), "k3_t1": dict(T=1, E=896, K=16, G=1, TG=1, B=16)}
 
 
 def load(path):

@@ -220,10 +220,10 @@ class _Dim:
     is_int: bool
 
 
-def _dims(dom: DomainSpec) -> list[_Dim]:
+def _dims(dom: DomainSpec, regimes: tuple[str, ...] | None = None) -> list[_Dim]:
     dims = [_Dim("axis", n, tuple(value_cells(s)), True) for n, s in dom.axes.items()]
     dims += [_Dim("param", n, tuple(value_cells(s)), s.is_int_range) for n, s in dom.params.items()]
-    dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes), False))
+    dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes if regimes is None or r in regimes), False))
     return dims
 
 
@@ -239,7 +239,9 @@ def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], regime
     return not req or eval_constraint(req, values)
 
 
-def domain_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tuple[str, ...] | None = None,
+                 covered: list[WorkloadSpec] | None = None,
+                 salt: str = "domain_draws") -> list[tuple[dict[str, int], dict[str, Any], str]]:
     """``n`` configurations ``(axes, params, regime)`` drawn over every axis, param and regime of the domain.
 
     AETG-style pairwise coverage, seeded. Each draw first picks the most valuable cell pair (of two
@@ -264,16 +266,24 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[
         task: a task with a ``[domain]``.
         seed: the run-time seed.
         n: draws (default ``correctness.random_draws``).
+        regimes: the regimes drawn (default: every regime of the domain).
+        covered: the workloads whose cells and pairs count as covered already (default: the fixed
+            correctness workloads).
+        salt: mixed into the seed, so another user of the draws (perf) gets other draws for one seed.
 
     Raises:
-        TaskSpecError: the task has no domain, or no legal configuration was found in ``MAX_TRIES``.
+        TaskSpecError: the task has no domain, no regime is left to draw, or no legal configuration
+            was found in ``MAX_TRIES``.
     """
     dom = task.domain
     if dom is None:
         raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; random draws over the domain need one.")
     n = task.correctness.random_draws if n is None else n
-    rng = random.Random(_derive_seed(seed, "domain_draws"))
-    dims = _dims(dom)
+    rng = random.Random(_derive_seed(seed, salt))
+    dims = _dims(dom, regimes)
+    if not dims[-1].cells:
+        raise TaskSpecError(f"Task {task.task_id!r}: none of the regimes {list(regimes or ())} is in its [domain.regimes] "
+                            f"{sorted(dom.regimes)}; draws need at least one.")
     singles: set[tuple[int, int]] = set()
     pairs: set[tuple[int, int, int, int]] = set()
 
@@ -283,7 +293,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[
               if idx[a] is not None and idx[b] is not None}
         return s1, s2
 
-    for w in task.correctness.workloads:
+    for w in task.correctness.workloads if covered is None else covered:
         vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param" else w.case
                 for d in dims]
         s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)])

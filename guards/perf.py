@@ -171,7 +171,8 @@ class PerfGuard:
     reads = ("scope",)
     writes = ("perf",)
     random_draws: int | None = None
-    """Run-time perf draws (count); ``None``: :data:`PERF_RANDOM_DRAWS` (the self-check's estimate uses 0)."""
+    """Run-time perf draws (count); ``None``: :data:`PERF_RANDOM_DRAWS` batch draws and :data:`PERF_DOMAIN_DRAWS`
+    domain draws; 0: neither (the self-check's estimate)."""
     extension_rounds: int | None = None
     """Extension rounds for an inconclusive gain (count); ``None``: :data:`PERF_EXTENSION_ROUNDS`."""
 
@@ -189,7 +190,8 @@ class PerfGuard:
         dtype = task.inputs[task.scope.dtype_input].dtype
         cases, claimed_flags = [], {}
         self._order = {}
-        for w in perf_workloads(task, ctx.seed, draws=self.random_draws):
+        for w in perf_workloads(task, ctx.seed, draws=self.random_draws,
+                                domain_draws_n=0 if self.random_draws == 0 else None):
             self._order[w.name] = len(self._order)
             c = build_case(task, w, ctx.seed)
             cases.append(c)
@@ -608,15 +610,34 @@ task's scope (other batch sizes than the listed ones), so a kernel slow where pe
 caught. They are judged for regressions only (a gain is required on the listed, claimed workloads).
 Source: issue 12 item 5 ("a fresh random sample of them each run, plus the edges")."""
 
+PERF_DOMAIN_DRAWS = 8
+"""Perf workloads drawn per run over the task's whole ``[domain]`` (every axis and param, the timed
+regimes), by the correctness draws' seeded pairwise method with the listed perf workloads as covered:
+a kernel slow only at shapes or on steps that no listed workload has (session 7's red team: 0.24x at
+E = 384 only, 0.20x on steps with padding rows only) is timed there and fails as a regression. Judged
+for regressions only, like the batch draws. Source: DESIGN.md "no perf regression at any configuration"."""
 
-def perf_workloads(task, seed: int, *, draws: int | None = None) -> list:
-    """The task's perf workloads plus ``draws`` (default :data:`PERF_RANDOM_DRAWS`) drawn at run time.
 
-    Each draw copies the listed perf workload with the largest batch (its cost bounds the draw's) and
-    redraws the batch uniformly in ``[scope.batch_min, scope.batch_max]``, avoiding the listed batch
-    sizes of that template when the scope has others. Names are ``random-perf-<i>-<template>``.
+def timed_regimes(task) -> tuple[str, ...]:
+    """The regimes perf's domain draws time: the realistic ones and those marked ``timed`` (serving
+    steps carry them). Edge-case regimes (ties, denormals) are correctness's: a slower path there is legal."""
+    dom = task.domain
+    return tuple(r for r, spec in dom.regimes.items() if spec.realistic or spec.timed) if dom is not None else ()
+
+
+def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n: int | None = None) -> list:
+    """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
+
+    Each batch draw (default :data:`PERF_RANDOM_DRAWS`) copies the listed perf workload with the
+    largest batch (its cost bounds the draw's) and redraws the batch uniformly in
+    ``[scope.batch_min, scope.batch_max]``, avoiding the listed batch sizes of that template when the
+    scope has others; names are ``random-perf-<i>-<template>``. Each domain draw (default
+    :data:`PERF_DOMAIN_DRAWS`; only for a task with a ``[domain]``) is a configuration of every axis,
+    param and :func:`timed_regimes` regime (:func:`guards.cases.domain_draws`, the listed perf
+    workloads counted as covered, so shapes and regimes they do not time come first); names are
+    ``random-perf-domain-<i>-<regime>``. Distributed tasks time their listed workloads only.
     """
-    from guards.cases import _derive_seed
+    from guards.cases import _derive_seed, domain_draws
 
     listed = [task.workload(n) for n in task.perf.workloads]
     if task.distributed is not None or not listed:
@@ -631,6 +652,13 @@ def perf_workloads(task, seed: int, *, draws: int | None = None) -> list:
     n = PERF_RANDOM_DRAWS if draws is None else draws
     for i, b in enumerate(rng.sample(pool, min(n, len(pool)))):
         out.append(tmpl.model_copy(update={"name": f"random-perf-{i}-{tmpl.name}", "axes": {**tmpl.axes, ax: b}}))
+    m = PERF_DOMAIN_DRAWS if domain_draws_n is None else domain_draws_n
+    if task.domain is not None and m > 0:
+        for i, (axes, params, regime) in enumerate(domain_draws(task, seed, m, regimes=timed_regimes(task),
+                                                                covered=listed, salt="perf_domain_draws")):
+            out.append(tmpl.model_copy(update={"name": f"random-perf-domain-{i}-{regime.replace('_', '-')}",
+                                               "axes": axes, "params": params, "case": regime,
+                                               "note": "drawn from [domain] at run time (perf)"}))
     return out
 
 

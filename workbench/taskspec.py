@@ -403,12 +403,16 @@ class DomainRegimeSpec(_Frozen):
         requires: a constraint (see :func:`check_constraint`) the axes and params of a draw must meet
             for this regime, e.g. ``"T >= 2"``; empty = any draw.
         realistic: the regime is the model's realistic range (the shrinker's target), not an edge.
+        timed: serving steps carry this regime (e.g. CUDA-graph padding rows on every padded decode
+            step), so the perf guard's run-time domain draws time it too, for regressions; realistic
+            regimes are always timed, edge cases (ties, denormals) never: a slower path there is legal.
     """
 
     source: str = Field(min_length=3)
     note: str = ""
     requires: str = ""
     realistic: bool = False
+    timed: bool = False
 
     @field_validator("requires")
     @classmethod

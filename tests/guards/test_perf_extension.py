@@ -55,6 +55,7 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
         "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
     ctx.task = task
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 0)
+    monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
     calls = []
 
     def always(task, device, rec, claimed, seed):

@@ -126,7 +126,9 @@ def _timing_lines(task: TaskSpec, device: str) -> list[str]:
     s = task.scope
     drawn = "" if task.distributed is not None else (
         f", plus {P.PERF_RANDOM_DRAWS} batch sizes `{s.batch_axis}` drawn at judging time in [{s.batch_min}, "
-        f"{s.batch_max}] (timed where `SCOPE` claims them; judged for regressions only)")
+        f"{s.batch_max}]" + (f" and {P.PERF_DOMAIN_DRAWS} configurations drawn over the task's whole domain (every "
+                            f"axis and param; regimes {', '.join(P.timed_regimes(task))})" if task.domain else "")
+        + " (timed where `SCOPE` claims them; judged for regressions only)")
     lines += [f"Timed workloads: {', '.join(f'`{n}`' for n in pf.workloads)}{drawn}. Required: no configuration "
               f"slower than the baseline by more than {max_reg:g} % (one-sided test at alpha {alpha:g}), and at "
               f"least {pf.min_speedup:g}x (median of paired ratios, its {pf.confidence:.0%} bootstrap interval "
