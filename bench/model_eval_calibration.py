@@ -19,7 +19,7 @@ flips (``bf16_later_tie_margin``) the same of every flip's; in short, each is
 twice any margin at which the standard path flipped against itself. Writes ``bench/results/cpu/model_eval_bf16_calibration.json``
 with the environment.
 
-    PYTHONPATH=$PWD python bench/model_eval_calibration.py [--seeds 6] [--threads 1] [--out PATH]
+    PYTHONPATH=$PWD python bench/model_eval_calibration.py [--seeds 6] [--threads 1] [--device cpu|cuda] [--out PATH]
 
 Source: issue 15 item 3 ("a bound calibrated from A/A runs (the standard path against itself with a
 different but valid reduction order or batch composition)").
@@ -54,8 +54,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=6, help="weight/prompt seeds (count)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/cpu/model_eval_bf16_calibration.json"))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result file [bench/results/cpu/model_eval_bf16_calibration.json on cpu, "
+                         "bench/results/h200/model_eval_bf16_calibration.json on cuda]")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = Path("bench/results/cpu/model_eval_bf16_calibration.json" if args.device == "cpu"
+                        else "bench/results/h200/model_eval_bf16_calibration.json")
 
     import torch
 
@@ -74,7 +80,7 @@ def main() -> None:
     kw = {"prefill_chunk": BF16_PREFILL_CHUNK, "page_tokens": BF16_PAGE_TOKENS}
     runs, t_start = [], time.monotonic()
     for seed in range(args.seeds):
-        model = K3Model(cfg, random_weights(cfg, 1000 + seed), dtype=torch.bfloat16)
+        model = K3Model(cfg, random_weights(cfg, 1000 + seed), dtype=torch.bfloat16, device=args.device)
         prompts = torch.randint(0, bos, (2 * B, T0), generator=torch.Generator().manual_seed(seed))
         t0 = time.monotonic()
         ref = generate(model, prompts[:B], G, **kw)
@@ -104,8 +110,9 @@ def main() -> None:
     doc = {
         "what": "A/A flips of K3-mini's standard path in bfloat16 against itself in other batch compositions "
                 "(teacher-forced on the reference's greedy tokens); the model eval's bf16_tie_margin comes from it",
-        "command": f"PYTHONPATH=$PWD python bench/model_eval_calibration.py --seeds {args.seeds} --threads {args.threads}",
-        "environment": {**collect("cpu"), "torch_threads": args.threads},
+        "command": f"PYTHONPATH=$PWD python bench/model_eval_calibration.py --seeds {args.seeds} --threads {args.threads} "
+                   f"--device {args.device}",
+        "environment": {**collect(args.device), "torch_threads": args.threads},
         "shape": {"batch": B, "context_tokens": T0, "generate_tokens": G, **kw, "dtype": "bfloat16"},
         "runs": runs,
         "flips": len(margins),

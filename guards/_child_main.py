@@ -224,7 +224,7 @@ def _correctness_case(fn, fc, rt, req, case):
             _SYNC()
         # the outputs as they are the moment the call returned: work a thread finishes later is missing
         rec["outputs"] = _read_outputs(case["outputs"], outs, inputs)
-        rec["inputs_after"] = {k: _copy_out(v) for k, v in inputs.items()}
+        rec["inputs_after"] = {k: _P.tensor_digest(_copy_out(v)) for k, v in inputs.items()}
         if rec["error"] is None:
             problem = _after_call_problem()  # threads, torch state, hooks, patches
             if problem:
@@ -261,7 +261,8 @@ def _graph_case(fn, fc, rt, req, case):
     Returns:
         ``{"label": "graph_replay", "error": str | None, "stage": warm-up|capture|replay|None,
         "trace": [...], "outputs": {...}, "inputs_after": {...}, "capture_ms", "replay_ms"}``: the
-        outputs are CPU copies (poison where the replay wrote nothing).
+        outputs are CPU copies (poison where the replay wrote nothing), the inputs digests
+        (``guards._protocol.tensor_digest``).
     """
     import torch
 
@@ -306,7 +307,7 @@ def _graph_case(fn, fc, rt, req, case):
         except Exception:  # a broken capture can leave the device in an error state; the parent reads the text
             pass
     rec["outputs"] = _read_outputs(case["outputs"], outs, static_in)
-    rec["inputs_after"] = {k: _copy_out(v) for k, v in static_in.items()}
+    rec["inputs_after"] = {k: _P.tensor_digest(_copy_out(v)) for k, v in static_in.items()}
     if rec["error"] is None:
         problem = _after_call_problem()
         if problem:

@@ -17,6 +17,7 @@ Source: issue 12 items 1-2.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 RESPONSE_MAGIC = b"WBRESP1\0"
@@ -114,3 +115,24 @@ def poison_value(spec: dict, rng) -> float | int | bool:
         return True
     lo = _INT_MIN.get(dt, -2**31)
     return rng.randint(lo, -2) if lo < 0 else spec["poison"]
+
+
+def tensor_digest(t) -> dict:
+    """What the judge needs to know of an input after a call: its shape, dtype and a digest of its bits.
+
+    The correctness child sends this instead of a copy of every input after every call (a full copy
+    per call made the response of the DSpark task's V = 163840 workloads pass its 1 GiB cap on CUDA,
+    where the CUDA-graph replay adds a fourth call). Bitwise: NaN payloads and the sign of zero count.
+
+    Args:
+        t: a CPU tensor (any dtype, any shape, contiguous or not).
+
+    Returns:
+        ``{"shape": [int, ...], "dtype": "bfloat16" | ..., "blake2b": hex digest of its bytes}``.
+    """
+    import torch
+
+    flat = t.detach().contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return {"shape": [int(d) for d in t.shape], "dtype": str(t.dtype).removeprefix("torch."),
+            "blake2b": hashlib.blake2b(data, digest_size=32).hexdigest()}

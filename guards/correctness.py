@@ -128,12 +128,15 @@ def _clip(text: str, n: int) -> str:
 def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Names of the inputs whose bits the call changed (or whose tensor it replaced by another shape or dtype).
 
-    Bitwise (:func:`same_bits`): NaN written over a zero, a flipped sign of zero or a changed NaN
-    payload all count, as any value comparison (``torch.equal``, ``nan_to_num``) would miss them.
+    Bitwise: ``after`` holds the child's :func:`guards._protocol.tensor_digest` of each input, compared
+    with the digest of the copy taken before the call, so NaN written over a zero, a flipped sign of
+    zero or a changed NaN payload all count, as any value comparison (``torch.equal``, ``nan_to_num``)
+    would miss them.
 
     Args:
         before: input name -> tensor as handed to the candidate (a copy taken before the call).
-        after: input name -> the same tensors after the call.
+        after: input name -> the digest of the same tensor after the call (a dict; anything else,
+            or a missing name, counts as changed).
 
     Returns:
         The changed names, in ``before``'s order; empty when every input is bit-for-bit unchanged.
@@ -141,7 +144,9 @@ def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     Source: issue 12 ("inputs-unchanged compared through nan_to_num, so NaN written over zeros
     passes"; "comparisons are bitwise where they must be").
     """
-    return [k for k, v in before.items() if not same_bits(after.get(k), v)]
+    from guards._protocol import tensor_digest
+
+    return [k for k, v in before.items() if after.get(k) != tensor_digest(v)]
 
 
 def same_bits(a: Any, b: Any) -> bool:

@@ -356,6 +356,8 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         overflow = threading.Event()
 
         def drain() -> None:
+            # Past the cap the bytes are read and dropped: a reader that stopped would leave the child
+            # blocked in its write until the wall-clock limit, and the verdict would blame a hang.
             total = 0
             while True:
                 try:
@@ -366,8 +368,10 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
                     return
                 total += len(b)
                 if total > MAX_RESPONSE_BYTES:
-                    overflow.set()
-                    return
+                    if not overflow.is_set():
+                        overflow.set()
+                        chunks.clear()
+                    continue
                 chunks.append(b)
 
         t0 = time.monotonic()
@@ -432,12 +436,13 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         out_bytes, err_bytes = out_path.stat().st_size, err_path.stat().st_size
         response, problem = None, None
         payload, frame_problem = _read_frame(b"".join(chunks), nonce)
-        if timed_out:
+        if overflow.is_set():  # first: a child over the cap may also have run out of time writing it
+            problem = (f"child response exceeded {MAX_RESPONSE_BYTES} bytes (the outputs of every call are sent "
+                       f"back: shrink the workloads' outputs, or raise MAX_RESPONSE_BYTES)")
+        elif timed_out:
             problem = f"child exceeded its {timeout_s:.0f} s limit (wall clock) and was killed"
         elif max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:  # Python ignores SIGXFSZ: writes fail with EFBIG
             problem = _death_problem(-signal.SIGXFSZ, out_bytes, err_bytes)
-        elif overflow.is_set():
-            problem = f"child response exceeded {MAX_RESPONSE_BYTES} bytes"
         elif frame_problem:
             problem = frame_problem
         elif proc.returncode != 0 or payload is None:

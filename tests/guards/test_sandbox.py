@@ -123,3 +123,30 @@ def test_timing_tampering_cross_check():
     assert timing_tampering([120.0] * 50, wall, [90.0] * 50, wall, device="cuda") is None
     assert "candidate samples are 0.10x" in timing_tampering([120.0] * 50, wall, [10.0] * 50, wall, device="cuda")
     assert timing_tampering([1.0], [], [1.0], [], device="cpu") is None  # too few readings: not judged
+
+
+def test_a_response_over_the_cap_is_named_as_such_and_never_blocks_the_child(monkeypatch):
+    """The reader keeps draining past the cap: before, it stopped reading, the child blocked in its write
+    until the wall-clock limit and the verdict said "exceeded its 300 s limit" with an empty stderr (the
+    DSpark CUDA kernel's judging on the H200, session 9). Now the verdict names the response, at once."""
+    import time
+
+    from guards.cases import build_case
+    from guards.correctness import scope_limits
+    from workbench.taskspec import load_task
+
+    task = load_task(REPO_ROOT, "k3_dspark_verify")
+    case = build_case(task, task.workload("v4k_b8"), 1)
+    req = {"mode": "correctness", "target": task.target, "op": task.op, "device": "cpu",
+           "decode_backend": "latency_specialized", "scope_limits": scope_limits(task, "cpu", [1]),
+           "cases": [{**case.request_entry(), "graph": False}]}
+    full = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu")
+    assert full.problem is None and full.response["cases"][0]["calls"][0]["outputs"]
+    # inputs come back as digests, not copies: the response stays near the size of the outputs
+    after = full.response["cases"][0]["calls"][0]["inputs_after"]
+    assert set(after) == set(task.inputs) and all(set(d) == {"shape", "dtype", "blake2b"} for d in after.values())
+    monkeypatch.setattr(sandbox, "MAX_RESPONSE_BYTES", 1024)
+    t0 = time.monotonic()
+    over = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu")
+    assert over.problem.startswith("child response exceeded 1024 bytes"), over.problem
+    assert not over.timed_out and time.monotonic() - t0 < 0.5 * 120 + full.duration_s
