@@ -126,7 +126,8 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
     code cannot switch it off (and ``gc``/frame access, the other ways to reach it, are what it refuses).
 
     Args:
-        worktree: the candidate's checkout (readable; its ``candidate_dirs`` hold candidate code).
+        worktree: the candidate's checkout (readable but for its ``.git``; its ``candidate_dirs`` hold
+            candidate code).
         scratch: the child's private HOME/TMPDIR, the only place it may write.
         harness: the folder of the harness files (``guards/``), readable, never candidate code.
         extra_reads: more folders candidate code may read.
@@ -143,6 +144,7 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
     here = os.path.realpath(__file__)
     wt, scr, har = os.path.realpath(worktree), os.path.realpath(scratch), os.path.realpath(harness)
     cand_roots = tuple(os.path.join(wt, d) for d in candidate_dirs)
+    git_meta = os.path.join(wt, ".git")
     roots = {wt, scr, har, *(os.path.realpath(p) for p in extra_reads),
              os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix), os.path.realpath(sys.exec_prefix),
              *(os.path.realpath(p) for p in sysconfig.get_paths().values()),
@@ -207,6 +209,8 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
             if _writes(args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None):
                 if not _under(path, (scr, "/dev/null")):
                     deny(f"writing {path} (outside the child's private scratch folder)", access=True)
+            elif _under(path, (git_meta,)):  # where the checkout came from, its branch: nothing a kernel reads
+                deny(f"reading {path} (the checkout's git metadata)", access=True)
             elif not _under(path, read_roots) and not _proc_ok(path):
                 deny(f"reading {path} (outside the worktree, the scratch folder and the Python installation)",
                      access=True)

@@ -8,12 +8,14 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   harness modules (threading, multiprocessing, subprocess, ctypes, socket, time, inspect, gc,
   importlib, pytest, guards, workbench, tasks, ...);
 - ``process-control`` / ``environment`` / ``file-access``: ``os.system``, ``os.fork``, ``os._exit``,
-  ``os.kill``, ``os.environ``, ``os.getenv``, ``open()``, pathlib reads and writes, ...;
+  ``os.kill``, ``os.environ``, ``os.getenv``, ``open()``, pathlib reads and writes, file-system probes
+  (``exists``, ``is_file``, ``iterdir``, ``stat``, ``glob``, ``listdir``, ...);
 - ``process-identity``: what tells the judge's child from a serving process: ``sys.flags``, ``sys.argv``,
   ``sys.executable``, ``os.getpid``/``getppid``/``getuid``/``getcwd``/``cpu_count``, ... (and the modules
   ``platform``, ``getpass``, ``pwd``, ``psutil``), and tensor internals such as ``._version`` (the judge
-  refills its buffers in place, a model passes fresh activations); a kernel computes the same thing in
-  both, so it has no use for them (session 7's red team: ``sys.flags.isolated``, ``_version > 0``);
+  refills its buffers in place, a model passes fresh activations), and where the code was loaded from
+  (``__file__``, ``__spec__``, ...); a kernel computes the same thing in both, so it has no use for them
+  (session 7's red team: ``sys.flags.isolated``, ``_version > 0``; session 10's: the checkout's shape);
 - ``timer``: ``perf_counter``, ``monotonic``, ``torch.cuda.Event``, ``elapsed_time``;
 - ``side-stream``: creating or switching CUDA streams (work the timer's stream does not wait for);
 - ``harness-reference``: names or strings pointing at the task's reference, the guards, the
@@ -23,7 +25,8 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   on them, ``sys.modules``, ``builtins``, ``exec``/``eval``/``__import__``, frame introspection;
 - ``global-state``: a module-level container mutated inside a function with a key or value derived
   from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
-  name), ``global`` counters and other per-call state (``+=`` on module-level names), and
+  name), ``global`` counters and other per-call state (``+=`` on module-level names, ``next()`` of a
+  module-level iterator such as ``itertools.count``), and
   ``functools.cache``/``lru_cache`` on functions that take the op's tensors;
 - ``mutable-default``: a mutable default argument of any function or lambda (a list, dict or set
   literal or comprehension; ``dict()``, ``list()``, ``set()``, ``bytearray()``, anything from
@@ -115,6 +118,13 @@ TIMER_ATTRS = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "
 STREAM_ATTRS = {"Stream", "stream", "set_stream", "ExternalStream", "StreamContext"}
 FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "touch", "symlink_to", "hardlink_to",
                 "mkdir", "unlink", "rmdir"}
+FS_PROBE_METHODS = {"iterdir", "glob", "rglob", "is_file", "is_dir", "is_symlink", "is_mount", "exists", "lexists",
+                    "stat", "lstat", "samefile", "listdir", "scandir", "walk", "isfile", "isdir", "islink",
+                    "getsize", "getmtime", "getctime", "getatime"}
+"""Calls that look at the file system around the kernel: what the checkout holds tells the judge's tree
+from a serving one (session 10's red team: "is ``.git`` a file?"), and a kernel computes the same either way."""
+LOCATION_NAMES = {"__file__", "__spec__", "__loader__", "__path__", "__cached__"}
+"""Module attributes that say where the code was loaded from (a worktree, a clone, site-packages)."""
 DANGEROUS_BUILTINS = {"open": "file-access", "exec": "monkeypatch", "eval": "monkeypatch", "compile": "monkeypatch",
                       "__import__": "monkeypatch", "globals": "monkeypatch", "vars": "monkeypatch",
                       "setattr": "monkeypatch", "delattr": "monkeypatch", "breakpoint": "process-control",
@@ -504,6 +514,12 @@ class _PyAudit(ast.NodeVisitor):
                                                    "an output cache")
             if f.attr in FILE_METHODS and root not in self.tensor_names:
                 self.add(node, "file-access", f"calls .{f.attr}()")
+            elif f.attr in FS_PROBE_METHODS and root not in self.tensor_names:
+                self.add(node, "file-access", f"calls .{f.attr}(): probes the file system around the kernel")
+        if isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in self.module_names \
+                and not self._is_local(node.args[0].id):
+            self.add(node, "global-state", f"next({node.args[0].id}) on a module-level iterator: state kept across calls")
         self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -538,6 +554,9 @@ class _PyAudit(ast.NodeVisitor):
         if node.id in ("__builtins__",) or node.id.endswith("_standard"):
             rule = "monkeypatch" if node.id == "__builtins__" else "harness-reference"
             self.add(node, rule, f"uses {node.id}")
+        elif node.id in LOCATION_NAMES:
+            self.add(node, "process-identity", f"uses {node.id}: where the code was loaded from tells the judge's "
+                                               "tree from a serving one")
         self.generic_visit(node)
 
     def visit_Expr(self, node: ast.Expr) -> None:

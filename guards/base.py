@@ -28,6 +28,10 @@ class GuardContext:
         artifacts: data guards hand on to later guards and to the result file (typed fields,
             :class:`guards.artifacts.Artifacts`; inside ``run_guards`` each guard sees a view limited
             to what it declares in ``reads``/``writes``).
+        judged_tree: where the children import the candidate from (``None``: the worktree). Inside
+            ``run_guards`` it is a plain clone of the candidate commit (:func:`guards.judged_tree.judged_tree`),
+            so candidate code cannot tell the judge's child from a checkout of main by its own path
+            or its checkout's shape.
     """
 
     task: TaskSpec
@@ -38,6 +42,12 @@ class GuardContext:
     device: str
     seed: int
     artifacts: Artifacts = dataclasses.field(default_factory=Artifacts)
+    judged_tree: Path | None = None
+
+    @property
+    def child_root(self) -> Path:
+        """The tree every child that runs candidate code imports from (:attr:`judged_tree` or the worktree)."""
+        return self.judged_tree or self.worktree
 
 
 class Guard(Protocol):

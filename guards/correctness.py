@@ -230,7 +230,7 @@ class CorrectnessGuard:
         if task.distributed is None:
             progress.phase(f"{len(cases)} configurations in one child (import, run, check)")
             graph = graph_check_wanted(task, ctx.device)
-            outcome = run_child(ctx.worktree, {**base, "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
+            outcome = run_child(ctx.child_root, {**base, "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
                                 timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
                                 device=ctx.device)
             if _failed(outcome):
@@ -248,7 +248,7 @@ class CorrectnessGuard:
             progress.phase(f"TP {world}: {len(group)} configurations, one child per rank; TP sizes done", done=k,
                            total=len(worlds))
             reqs = [{**base, "cases": [c.request_entry(r) for c in group]} for r in range(world)]
-            outcomes = run_ranks(ctx.worktree, reqs, backend=backend, collective_timeout_s=d.collective_timeout_s,
+            outcomes = run_ranks(ctx.child_root, reqs, backend=backend, collective_timeout_s=d.collective_timeout_s,
                                  timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
                                  device=ctx.device)
             duration += max(o.duration_s for o in outcomes)

@@ -228,7 +228,7 @@ class ModelEvalGuard:
         progress.phase(f"K3-mini on the {'candidate' if backend == 'latency_specialized' else 'standard'} path "
                        f"in {dtype} ({len(prompts)} prompts, {s.generate_tokens} tokens each"
                        f"{', forced' if forced is not None else ''})")
-        return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
+        return run_child(ctx.child_root, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 
     def check(self, ctx: GuardContext) -> Verdict:
@@ -458,7 +458,7 @@ class ModelEvalGuard:
                    "vllm": {"max_model_len": s.context_tokens + s.generate_tokens, "dtype": VLLM_DTYPE,
                             "kv_cache_memory_bytes": vllm_kv_cache_bytes(s)}}
         progress.phase(f"K3-mini through vLLM, {backend} ({len(prompts)} prompts)")
-        return run_child(ctx.worktree, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
+        return run_child(ctx.child_root, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)
 
     def _vllm_leg(self, ctx: GuardContext, s: ModelEvalSettings, prompts, wseed: int) -> Verdict:

@@ -300,7 +300,7 @@ class PerfGuard:
                     base_tree, {**req, "measure_floor": ctx.device == "cuda"}, specs, device=ctx.device,
                     timeout_s=timeout, memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
                 cand = stack.enter_context(call_server(
-                    ctx.worktree, req, specs, device=ctx.device, timeout_s=timeout,
+                    ctx.child_root, req, specs, device=ctx.device, timeout_s=timeout,
                     memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
                 servers = {"baseline": base, "candidate": cand}
                 for idx, c in enumerate(timed):
@@ -811,7 +811,7 @@ def _time_cases(ctx: GuardContext, base_req: dict, timed, rotations) -> tuple[di
     task = ctx.task
     if task.distributed is None:
         req = {**base_req, "cases": [{**c.request_entry(), "rotation": rotations[c.name]} for c in timed]}
-        outcome = run_child(ctx.worktree, req, timeout_s=task.timeouts.perf_s,
+        outcome = run_child(ctx.child_root, req, timeout_s=task.timeouts.perf_s,
                             memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
         if outcome.response is None or not outcome.response.get("ok"):
             why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
@@ -825,7 +825,7 @@ def _time_cases(ctx: GuardContext, base_req: dict, timed, rotations) -> tuple[di
         reqs = [{**base_req, "cases": [{**c.request_entry(r),
                                          "rotation": [rank_inputs(x, c.per_rank, r) for x in rotations[c.name]]}
                                         for c in group]} for r in range(world)]
-        outcomes = run_ranks(ctx.worktree, reqs, backend=d.backend_cuda if ctx.device == "cuda" else d.backend_cpu,
+        outcomes = run_ranks(ctx.child_root, reqs, backend=d.backend_cuda if ctx.device == "cuda" else d.backend_cpu,
                              collective_timeout_s=d.collective_timeout_s, timeout_s=task.timeouts.perf_s,
                              memory_bytes=task.timeouts.memory_bytes, device=ctx.device)
         longest += max(o.duration_s for o in outcomes)

@@ -5,6 +5,7 @@ Source: DESIGN.md "The flow of one candidate".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -17,6 +18,7 @@ from pathlib import Path
 from guards import progress
 from guards.artifacts import view_for
 from guards.base import Guard, GuardContext
+from guards.judged_tree import judged_tree
 from guards.verdict import Evidence, Status, Verdict
 from workbench import env as envmod
 from workbench.errors import Interrupted
@@ -52,7 +54,20 @@ def run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
     """Run guards in order; the first FAIL or ERROR stops the run, later guards are SKIP.
 
     A guard that raises is recorded as ERROR with the exception text (the guard broke, not the candidate).
+    Every child that runs candidate code imports it from a plain clone of the candidate commit made
+    here (:func:`guards.judged_tree.judged_tree`), unless ``ctx.judged_tree`` names one already.
+
+    Raises:
+        RuntimeError: the judged tree could not be made (git's reason in the message).
     """
+    with contextlib.ExitStack() as stack:
+        if ctx.judged_tree is None:  # the children import from a plain clone, not the worktree (guards.judged_tree)
+            ctx = dataclasses.replace(ctx, judged_tree=stack.enter_context(
+                judged_tree(ctx.worktree, ctx.candidate_commit, Path(ctx.repo_root).resolve().name)))
+        return _run_guards(ctx, guards)
+
+
+def _run_guards(ctx: GuardContext, guards: Sequence[Guard]) -> list[Verdict]:
     verdicts: list[Verdict] = []
     stopped_by: str | None = None
     for i, g in enumerate(guards, 1):

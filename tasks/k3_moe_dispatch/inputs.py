@@ -124,6 +124,38 @@ def _far_negative(T: int, E: int, gen: torch.Generator) -> _Draw:
     return logits - (lo + (hi - lo) * torch.rand(T, 1, generator=gen)), bias, valid
 
 
+NEAR_SATURATED_SHIFT = (6.0, 14.0)
+"""Range of the per-row shift (added) of the ``near_saturated`` regime: valid logits of about 2 to 23,
+most in 8-17, where sigmoid is within 3e-4 of 1.0 yet still below it in fp32 (it rounds to 1.0 from
+about 16.6 on)."""
+
+
+def _near_saturated(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Realistic logits with each row shifted up by U(6, 14): scores close to 1.0, distinct in fp32 up to
+    about x = 16.6. A kernel that treats sigmoid as saturated early (``x > 10 -> 1.0``) ties experts the
+    reference tells apart (session 10's red team: accepted while no generator drew valid rows between the
+    realistic range, up to ~9, and the saturated one, from 20)."""
+    logits, bias, valid = _realistic(T, E, gen)
+    lo, hi = NEAR_SATURATED_SHIFT
+    return logits + (lo + (hi - lo) * torch.rand(T, 1, generator=gen)), bias, valid
+
+
+WIDE_BIAS_SIGMA = (0.5, 4.0)
+"""Range (log-uniform) of the standard deviation of the ``wide_bias`` regime's correction bias."""
+
+
+def _wide_bias(T: int, E: int, gen: torch.Generator) -> _Draw:
+    """Realistic logits with a correction bias spread wider than the scores' range: N(0, sigma^2), sigma
+    log-uniform in [0.5, 4]. Then ``s + b`` of a dropped group's expert can exceed a kept one's by more than
+    1, so a group mask that offsets instead of excluding (``g - 2.0`` for ``-inf``) picks dropped experts
+    (session 10's red team: accepted while every generator's bias spread stayed below about 0.33)."""
+    logits, _, valid = _realistic(T, E, gen)
+    lo, hi = WIDE_BIAS_SIGMA
+    sigma = float(torch.exp(torch.empty(1).uniform_(float(torch.tensor(lo).log()), float(torch.tensor(hi).log()),
+                                                    generator=gen)))
+    return logits, sigma * torch.randn(E, generator=gen), valid
+
+
 def _denormal_scores(T: int, E: int, K: int, gen: torch.Generator) -> _Draw:
     """Realistic draws in which up to ``E - K`` experts per row get logits in [-103, -88], so their
     sigmoid score is tiny or denormal (1e-45 to 6e-39); at least K experts stay normal, so the
@@ -148,6 +180,8 @@ CASES: dict[str, Callable[..., _Draw]] = {
     "signed_zeros": _signed_zeros,
     "denormal_scores": _denormal_scores,
     "far_negative": _far_negative,
+    "near_saturated": _near_saturated,
+    "wide_bias": _wide_bias,
 }
 """Case name -> generator ``(T, E, gen) -> (logits, bias, token_valid)`` (``denormal_scores``: ``(T, E, K, gen)``)."""
 
