@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from guards._protocol import tensor_digest
 from guards.audit import audit_file
 from guards.cases import correctness_cases, load_task_module
 from guards.correctness import GRAPH_HINT, CorrectnessGuard, graph_check_wanted, graph_mismatches
@@ -62,7 +63,7 @@ def _result(case, graph, trace=KERNEL_TRACE):
 def _graph(outputs, inputs, **kw):
     return {"label": "graph_replay", "error": None, "stage": None, "trace": KERNEL_TRACE,
             "outputs": {k: v.clone() for k, v in outputs.items()},
-            "inputs_after": {k: v.clone() for k, v in inputs.items()}, **kw}
+            "inputs_after": {k: tensor_digest(v) for k, v in inputs.items()}, **kw}
 
 
 def test_graph_check_wanted_on_cuda_single_process_only():
@@ -126,7 +127,7 @@ def test_judge_case_adds_the_graph_lines_on_cuda_only(case):
     rc = _result(case, _graph(want_a, case.inputs_b))
     for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a), (want_a, want_b, want_a)):
         call["outputs"] = {k: v.clone() for k, v in want.items()}
-        call["inputs_after"] = {k: v.clone() for k, v in inputs.items()}
+        call["inputs_after"] = {k: tensor_digest(v) for k, v in inputs.items()}
     guard = CorrectnessGuard()
     mism_cuda, _, _ = guard._judge_case(TASK, REF, case, [rc], "cuda")
     mism_cpu, _, _ = guard._judge_case(TASK, REF, case, [rc], "cpu")

@@ -262,12 +262,16 @@ def test_inputs_unchanged_is_bitwise():
     ``nan_to_num`` saw none of them (issue 12, "inputs-unchanged compared through nan_to_num")."""
     import torch
 
+    from guards._protocol import tensor_digest
     from guards.correctness import _inputs_changed
+
+    def sent(d):  # what the child sends back: digests of the inputs after the call
+        return {k: tensor_digest(v) for k, v in d.items()}
 
     bias = torch.zeros(8)
     logits = torch.tensor([[1.0, float("nan"), -2.0, 0.5]])
     before = {"bias": bias, "logits": logits, "valid": torch.ones(1, dtype=torch.bool)}
-    assert _inputs_changed(before, {k: v.clone() for k, v in before.items()}) == []  # NaN in place: unchanged
+    assert _inputs_changed(before, sent({k: v.clone() for k, v in before.items()})) == []  # NaN in place: unchanged
 
     nan_over_zero = bias.clone()
     nan_over_zero[3] = float("nan")
@@ -279,11 +283,13 @@ def test_inputs_unchanged_is_bitwise():
     for name, after in (("bias", nan_over_zero), ("bias", neg_zero), ("logits", payload)):
         old = torch.equal(torch.nan_to_num(after), torch.nan_to_num(before[name]))
         assert old, "the old check passed this change"
-        assert _inputs_changed(before, {**before, name: after}) == [name]
+        assert _inputs_changed(before, sent({**before, name: after})) == [name]
     half = torch.tensor([0.0, 1.0], dtype=torch.bfloat16)
-    assert _inputs_changed({"x": half}, {"x": torch.tensor([-0.0, 1.0], dtype=torch.bfloat16)}) == ["x"]
-    assert _inputs_changed({"x": half}, {"x": half.float()}) == ["x"]  # replaced by another dtype
+    assert _inputs_changed({"x": half}, sent({"x": torch.tensor([-0.0, 1.0], dtype=torch.bfloat16)})) == ["x"]
+    assert _inputs_changed({"x": half}, sent({"x": half.float()})) == ["x"]  # replaced by another dtype
+    assert _inputs_changed({"x": half}, sent({"x": half.reshape(2, 1)})) == ["x"]  # another shape
     assert _inputs_changed({"x": half}, {}) == ["x"]  # not sent back
+    assert _inputs_changed({"x": half}, {"x": half}) == ["x"]  # a tensor is not a digest: never trusted as one
 
 
 def test_negative_zero_written_over_a_zero_input_fails_correctness(project_repo, tmp_path):
