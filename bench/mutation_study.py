@@ -462,8 +462,9 @@ def _judge_mode(job: JudgeJob, mode: str) -> dict[str, Any]:
                       probe_draws=job.probe_draws)
     with tempfile.TemporaryDirectory(prefix="wb-mutant-") as tmp:
         wt = _checkout(job, Path(tmp))
+        # the study's checkout is a plain copy already (no git worktree): the children import from it as is
         ctx = GuardContext(task=task, repo_root=REPO_ROOT, worktree=wt, base_commit="study", candidate_commit="study",
-                           device="cpu", seed=job.probe_seed if mode == "probe" else job.seed)
+                           device="cpu", seed=job.probe_seed if mode == "probe" else job.seed, judged_tree=wt)
         ctx.artifacts.changed_paths = fixture_sources(fixture_dir(job.task_id))  # what isolation would list
         if mode != "probe":
             verdicts = run_guards(ctx, [StudyCorrectness(), ActivationGuard()])

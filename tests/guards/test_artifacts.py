@@ -51,7 +51,8 @@ class _Reader:
 
 def _ctx() -> GuardContext:
     return GuardContext(task=load_task(REPO_ROOT, "k3_moe_dispatch"), repo_root=REPO_ROOT, worktree=REPO_ROOT,
-                        base_commit="0" * 40, candidate_commit="0" * 40, device="cpu", seed=1)
+                        base_commit="0" * 40, candidate_commit="0" * 40, device="cpu", seed=1,
+                        judged_tree=REPO_ROOT)  # no commit to clone: the children (none here) would use the tree
 
 
 def test_a_declared_write_reaches_a_later_declared_reader():

@@ -113,7 +113,7 @@ def _plain_ctx() -> GuardContext:
     """A context for guards that look at nothing but ``ctx.artifacts``."""
     root = Path(__file__).resolve().parents[2]
     return GuardContext(task=load_task(root, "k3_moe_dispatch"), repo_root=root, worktree=root, base_commit="0" * 40,
-                        candidate_commit="0" * 40, device="cpu", seed=1)
+                        candidate_commit="0" * 40, device="cpu", seed=1, judged_tree=root)  # no commit to clone
 
 
 class _Boom:

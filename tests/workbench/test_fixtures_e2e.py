@@ -43,7 +43,10 @@ def test_fixture_judged_as_named(project_repo, task_id, fx):
                    for v in result.verdicts), [v.one_line() for v in result.verdicts]
         if task_id == "k3_moe_dispatch":
             assert next(v for v in result.verdicts if v.guard == "model_eval").status.value == "PASS"
-        assert all(c.passed and c.implementation == "latency_specialized" for c in result.cases)
+        assert all(c.passed for c in result.cases)
+        # the kernel ran wherever the task times it; a kernel declaring shape rules (SCOPE.shapes) leaves
+        # the configurations outside them to the standard path, which the activation guard has checked
+        assert all(c.implementation == "latency_specialized" for c in result.cases if c.name in task.perf.workloads)
         # a gain where it is claimed (the listed workloads); the run-time draws are judged for regressions only
         assert all(p.speedup > 1.0 for p in result.perf if p.verdict != "not_claimed" and not p.name.startswith("random-"))
         assert all(p.verdict in ("gain", "neutral", "not_claimed") for p in result.perf), [

@@ -35,6 +35,34 @@ def _processes_under(path: Path) -> list[str]:
     return out
 
 
+def _child_processes_of(pid: int) -> list[str]:
+    """Command lines of the live guard children (``_child_main.py``) descending from process ``pid``
+    (children import from the judged tree, a clone outside the worktree: guards/judged_tree.py)."""
+    parent, cmds = {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            parent[int(d.name)] = int(fields[1])
+            cmds[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+
+    def descends(p: int) -> bool:
+        for _ in range(64):
+            p = parent.get(p, 0)
+            if p == pid:
+                return True
+            if p <= 1:
+                return False
+        return False
+
+    return [f"{p}: {c[:160]}" for p, c in cmds.items() if "_child_main.py" in c and descends(p)]
+
+
 @pytest.mark.slow
 def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fresh_repo):
     worktrees = fresh_repo / ".workbench" / "worktrees"
@@ -55,7 +83,7 @@ def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fr
         else:
             pytest.fail(f"no correctness progress line within 120 s: {lines}")
         time.sleep(1.0)  # the child is importing or running cases now
-        assert _processes_under(worktrees), "no child was running under the worktree when Ctrl-C came"
+        assert _child_processes_of(proc.pid), "no guard child was running when Ctrl-C came"
         os.kill(proc.pid, signal.SIGINT)
         rest = proc.communicate(timeout=60)[1]
     finally:
@@ -66,7 +94,7 @@ def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fr
     assert "Interrupted during correctness" in stderr and "removed worktree" in stderr, stderr[-2000:]
     # the child that was running is counted (its session kills it on the way out, before the handler runs)
     assert re.search(r"stopped [1-9]\d* child process group", stderr), stderr[-2000:]
-    assert _processes_under(worktrees) == []
+    assert _processes_under(worktrees) == [] and _child_processes_of(proc.pid) == []
     assert list(worktrees.iterdir()) == []  # the run's worktree existed (its child ran there) and is gone
     assert git(fresh_repo, "branch", "--list", "wb/*") == ""
     assert list((fresh_repo / ".workbench" / "results").glob("*.json")) == []  # no half-written verdict

@@ -139,7 +139,7 @@ def test_eval_dim_rejects_unknown_axis_and_code():
          ["domain.axes.T allows [1, 128], outside the scope's batch range [1, 64]"]),
         (lambda s: re.sub(r"\[domain\.params\.renormalize\]\n.*?\n\n", "", s, flags=re.S),
          ["domain.params must declare exactly the params the workloads set", "missing ['renormalize']"]),
-        (lambda s: s.replace('cases = ["realistic", "bias_shift", "tiny_scale"]', 'cases = ["realistic", "tiny_scale"]'),
+        (lambda s: s.replace('cases = ["realistic", "bias_shift", "tiny_scale", "wide_bias"]', 'cases = ["realistic", "tiny_scale", "wide_bias"]'),
          ["regime 'bias_shift' is named by no input's 'cases'"]),
         (lambda s: s.replace('cases = ["realistic", "padding_rows"]', 'cases = ["realistic", "padding_rowz"]'),
          ["inputs.token_valid.cases names regime 'padding_rowz'", "known:"]),
