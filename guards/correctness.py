@@ -6,8 +6,10 @@ the same buffers refilled with other data (an output cache keyed by pointer retu
 fresh buffers again (a moving result is a race). Outputs are poisoned before each call, inputs must
 be unchanged after it, and outputs are compared in this process against ``reference.py`` with the
 task's ``check`` (or per-output tolerances when the task has none). When the kernel's scope declares
-shapes (``OpScope.shapes``), every random draw outside them (run by the standard path) gets a
-counterpart moved inside them, run in a second child (:mod:`guards.scope_shapes`).
+shapes (``OpScope.shapes``), every configuration outside them (run by the standard path), a fixed
+workload as much as a random draw, gets a counterpart moved inside them, run in a second child
+(:mod:`guards.scope_shapes`): a kernel cannot leave an edge workload behind by declaring shapes that
+exclude its size.
 
 Metamorphic pairs (issue 19 item 2): a random draw that a checked ``[domain.invariances]`` entry
 applies to gets, as its second call's data, the transformed twin of its first draw (a permutation
@@ -383,9 +385,9 @@ class CorrectnessGuard:
         by_name, failed, duration, outcome = self._run(ctx, cases, ref)
         if failed is not None:
             return failed
-        if not outcome.response.get("scope_beyond_limits"):  # draws moved into the kernel's declared shapes
+        if not outcome.response.get("scope_beyond_limits"):  # configurations moved into the declared shapes
             extra = [build_case(task, w, ctx.seed) for w in scope_shapes.followups(
-                task, outcome.response.get("scope"), [c.workload for c in cases if c.name.startswith("random-")])]
+                task, outcome.response.get("scope"), [c.workload for c in cases])]
             if extra:
                 more, failed, more_s, _ = self._run(ctx, extra, ref, tp_sizes=planned_tp)
                 if failed is not None:

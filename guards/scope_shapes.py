@@ -7,6 +7,9 @@ about the kernel: a kernel declaring ``D multiple_of 8`` would meet about one dr
 such draw this module makes a counterpart moved into the declared shapes (each axis to the nearest
 value the declaration and the domain both admit, constraints and cost limits kept), which the guard
 runs in a second child: the kernel is judged by as many random draws as a kernel without shape rules.
+The task's fixed workloads get the same treatment: they hold the edge cases (a uniform draw of exactly
+0, tied maxima), and a kernel declaring ``V >= 4096`` must not leave behind every edge workload
+written at ``V = 1024`` (session 11: the bad DSpark fixture accepting ``u <= p/q`` was accepted so).
 
 Source: issue 19 item 1 ("the activation guard/correctness must judge a kernel only on the shapes it
 declares"); :func:`k3_model.dispatch.route` (what "inside" means).
@@ -49,17 +52,29 @@ def admitted_near(spec: DomainValueSpec, rule: dict[str, Any], value: int) -> li
 
 def into_shapes(task: TaskSpec, w: WorkloadSpec, shapes: dict[str, dict[str, Any]]) -> WorkloadSpec | None:
     """``w`` with every axis the declared ``shapes`` exclude moved to the nearest value they admit that
-    keeps the workload legal (domain constraints, cost constraints, the regime's ``requires``); ``w``
-    itself when it is inside already; ``None`` when no legal value is found for some axis.
+    keeps the workload legal (domain constraints, the regime's ``requires``, and the cost constraints
+    when ``w`` meets them: a fixed workload at real K3 sizes may exceed them and is not dropped for
+    that); ``w`` itself when it is inside already; ``None`` when no legal value is found for some axis,
+    or when ``w``'s case is no domain regime (its inputs fit its own configuration only).
     """
     dom = task.domain
     axes = dict(w.axes)
     moved = []
+    # a fixed workload may exceed the draws' cost limits (real K3 sizes): it is not held to them then.
+    # Its case must be a domain regime (a generator for any legal configuration): a case written for
+    # one configuration (an issue's worked example) cannot be moved
+    costed = dom is not None and dom.satisfied({**axes, **dict(w.params)})
+    if dom is not None and w.case not in dom.regimes:
+        return None if any(a in axes and not shape_rule_admits(r, axes[a]) for a, r in shapes.items()) else w
+    free = dom if costed or dom is None else dom.model_copy(update={"cost_constraints": ()})
+
+    def legal(values: dict[str, int]) -> bool:
+        return _legal(free, values, dict(w.params), w.case)
+
     for axis, rule in shapes.items():
         if axis not in axes or shape_rule_admits(rule, axes[axis]) or dom is None or axis not in dom.axes:
             continue
-        pick = next((c for c in admitted_near(dom.axes[axis], rule, axes[axis])
-                     if _legal(dom, {**axes, axis: c}, dict(w.params), w.case)), None)
+        pick = next((c for c in admitted_near(dom.axes[axis], rule, axes[axis]) if legal({**axes, axis: c})), None)
         if pick is None:
             return None
         moved.append(f"{axis} {axes[axis]} -> {pick}")
@@ -71,16 +86,16 @@ def into_shapes(task: TaskSpec, w: WorkloadSpec, shapes: dict[str, dict[str, Any
 
 
 def followups(task: TaskSpec, scope: dict | None, draws: list[WorkloadSpec]) -> list[WorkloadSpec]:
-    """The counterparts, inside the kernel's declared shapes, of the random ``draws`` outside them.
+    """The counterparts, inside the kernel's declared shapes, of the workloads ``draws`` outside them.
 
     Args:
         scope: the scope the child reported (``OpScope.to_dict`` form) or ``None``.
-        draws: the run's random workloads.
+        draws: the run's workloads, fixed and random.
 
     Returns:
-        One workload per draw that lies outside the declared shapes and can be moved inside (named
-        ``<draw>-in-shapes``); empty when the scope declares no shapes or is not plain scope data (the
-        activation guard rejects that one).
+        One workload per entry of ``draws`` that lies outside the declared shapes and can be moved
+        inside (named ``<name>-in-shapes``), in their order; empty when the scope declares no shapes or
+        is not plain scope data (the activation guard rejects that one).
     """
     if scope is None or task.domain is None:
         return []

@@ -122,11 +122,12 @@ def test_a_kernel_wrong_only_outside_its_declared_shapes_is_accepted_and_without
     assert v.status is Status.PASS, v.summary
     impl = {c["name"]: (c["axes"]["D"], c["implementation"]) for c in ctx.artifacts.cases}
     assert impl == {"k3_w2_t8": (7168, "latency_specialized"), "mini_w2_t5": (256, "latency_specialized"),
-                    "edge_hidden_250_w2": (250, "standard"), "random-0-large-magnitude": (11, "standard"),
+                    "edge_hidden_250_w2": (250, "standard"), "edge_hidden_250_w2-in-shapes": (248, "latency_specialized"),
+                    "random-0-large-magnitude": (11, "standard"),
                     "random-0-large-magnitude-in-shapes": (8, "latency_specialized")}
     a = ActivationGuard().check(ctx)
     assert a.status is Status.PASS, a.summary
-    assert "ran in all 3 configurations inside its declared scope" in a.summary
+    assert "ran in all 4 configurations inside its declared scope" in a.summary
 
 
 def test_random_draws_outside_the_declared_shapes_get_a_counterpart_inside():
@@ -149,6 +150,33 @@ def test_random_draws_outside_the_declared_shapes_get_a_counterpart_inside():
         assert m.case == w.case and m.params == w.params and task.domain.satisfied({**m.axes, **m.params})
     assert followups(task, dict(BASE_SCOPE), draws) == []  # no shape rules: nothing to add
     assert followups(task, {**BASE_SCOPE, "shapes": "D%8"}, draws) == []  # not plain data: activation rejects it
+
+
+def test_fixed_edge_workloads_outside_the_declared_shapes_get_a_counterpart_inside():
+    """Session 11: a DSpark kernel declaring V >= 4096 left every fixed edge workload (written at V 1024
+    or 16) to the standard path, and one accepting u <= p/q (not <) was accepted. The edge cases must
+    follow the kernel into its shapes, with their case (the edge data) unchanged."""
+    from guards.cases import build_case
+    from guards.scope_shapes import followups
+
+    task = load_task(ROOT, "k3_dspark_verify")
+    fixed = list(task.correctness.workloads)
+    scope = {"devices": ["cpu"], "shapes": {"V": {"min": 4096}}}
+    out = {m.name: m for m in followups(task, scope, fixed)}
+    small = [w for w in fixed if w.axes["V"] < 4096 and w.case in task.domain.regimes]
+    assert {"edge_u_zero", "edge_u_zero_dp", "edge_greedy_ties"} <= {w.name for w in small}
+    for w in small:
+        m = out[w.name + "-in-shapes"]
+        assert m.axes["V"] == 4096 and m.case == w.case and m.params == w.params
+        assert {k: v for k, v in m.axes.items() if k != "V"} == {k: v for k, v in w.axes.items() if k != "V"}
+        inputs = build_case(task, m, 11).inputs_a  # the regime's generator makes its edge data there
+        assert inputs["target_logits"].shape[-1] == 4096
+        if w.case == "u_zero":
+            assert (inputs["uniform_draws"] == 0).any()
+    # a case written for one configuration (an issue's worked example) is not moved: no generator for it
+    examples = [w for w in fixed if w.case not in task.domain.regimes]
+    assert examples and not any(w.name + "-in-shapes" in out for w in examples)
+    assert not any(w.name + "-in-shapes" in out for w in fixed if w.axes["V"] >= 4096)  # inside already
 
 
 def test_moe_draws_are_moved_to_a_declared_expert_count_that_keeps_the_constraints():
