@@ -109,6 +109,8 @@ class PerfResult(_Model):
             (count; 1: this judging only; ``workbench.retries``).
         extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
             was inconclusive (count; ``guards.perf.PERF_EXTENSION_ROUNDS`` at most).
+        screened: a regression-only configuration cleared on its screening pairs
+            (``guards.perf.SCREEN_SHARE`` of the task's repetitions), the rest of its round not timed.
 
     Raises:
         pydantic.ValidationError: the entry contradicts its verdict (:meth:`PerfStatus.problem`).
@@ -133,6 +135,7 @@ class PerfResult(_Model):
     wait_excess_us: float | None = None
     event_median_us: float | None = None
     extension_rounds: int = 0
+    screened: bool = False
     pooled_judgings: int = 1
     load_avg: float | None = None
     cpus: int | None = None
