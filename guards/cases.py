@@ -221,10 +221,25 @@ class _Dim:
 
 
 def _dims(dom: DomainSpec, regimes: tuple[str, ...] | None = None) -> list[_Dim]:
+    """Coverage dimensions: the axes, the params, the regime (these are drawn, in this order), then
+    the declared features (derived from the drawn values; cells: holds, does not hold)."""
     dims = [_Dim("axis", n, tuple(value_cells(s)), True) for n, s in dom.axes.items()]
     dims += [_Dim("param", n, tuple(value_cells(s)), s.is_int_range) for n, s in dom.params.items()]
     dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes if regimes is None or r in regimes), False))
+    dims += [_Dim("feature", n, (Cell(True, True), Cell(False, False)), False) for n in dom.features]
     return dims
+
+
+def _feature_cells(dom: DomainSpec, values: dict[str, Any]) -> list[int | None]:
+    """Cell index (0: holds, 1: does not) of each declared feature for ``values`` (axes and params);
+    ``None`` where the expression names something ``values`` lacks (a workload written without it)."""
+    out: list[int | None] = []
+    for feat in dom.features.values():
+        try:
+            out.append(0 if eval_constraint(feat.expr, values) else 1)
+        except ValueError:
+            out.append(None)
+    return out
 
 
 def _cell_index(dim: _Dim, v: Any) -> int | None:
@@ -260,7 +275,10 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     of ``k3_moe_dispatch``'s 32 draws, 5 of 100 seeds (1000-1099) left a B x G pair undrawn before
     (B = 32 with G = 1 in one CI run, which accepted a bad fixture), none since; runs leaving any
     pair of two dimensions with <= 16 cell pairs undrawn fell from 21 to 13 of 100 (the rest are
-    K x renormalize). Deterministic for a seed.
+    K x renormalize). A task's ``[domain.features]`` (derived conditions such as ``TG < G``) are
+    dimensions of two cells computed from the drawn values: a pair pinning one is found by drawing
+    again until the condition holds (``PAIR_TRIES``), so each regime meets each feature cell in every
+    run where that is legal (session 11: the wide bias with groups dropped). Deterministic for a seed.
 
     Args:
         task: a task with a ``[domain]``.
@@ -281,7 +299,8 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     n = task.correctness.random_draws if n is None else n
     rng = random.Random(_derive_seed(seed, salt))
     dims = _dims(dom, regimes)
-    if not dims[-1].cells:
+    nd = sum(d.kind != "feature" for d in dims)  # drawn dimensions; the regime is the last of them
+    if not dims[nd - 1].cells:
         raise TaskSpecError(f"Task {task.task_id!r}: none of the regimes {list(regimes or ())} is in its [domain.regimes] "
                             f"{sorted(dom.regimes)}; draws need at least one.")
     singles: set[tuple[int, int]] = set()
@@ -295,8 +314,9 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
 
     for w in task.correctness.workloads if covered is None else covered:
         vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param" else w.case
-                for d in dims]
-        s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)])
+                for d in dims[:nd]]
+        s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)]
+                       + _feature_cells(dom, {**w.axes, **w.params}))
         singles |= s1
         pairs |= s2
 
@@ -314,7 +334,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
             idx: list[int] = []
             vals: list[Any] = []
             known: dict[str, Any] = {}
-            for di, d in enumerate(dims):
+            for di, d in enumerate(dims[:nd]):
                 opts = []
                 cells = [forced[di]] if di in forced else range(len(d.cells))
                 for i in cells:
@@ -336,8 +356,11 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
             else:
                 axes = {d.name: v for d, v in zip(dims, vals) if d.kind == "axis"}
                 params = {d.name: v for d, v in zip(dims, vals) if d.kind == "param"}
+                feats = _feature_cells(dom, {**axes, **params})
+                if any(forced.get(nd + j, f) != f for j, f in enumerate(feats)):
+                    continue  # a pinned feature cell does not hold: draw again
                 if _legal(dom, axes, params, vals[-1]):
-                    return idx, vals
+                    return idx + feats, vals
         return None
 
     def any_candidate() -> tuple[list[int], list[Any]]:

@@ -492,6 +492,28 @@ class DomainInvarianceSpec(_Frozen):
         return self.transform is not None
 
 
+class DomainFeatureSpec(_Frozen):
+    """A derived condition of a configuration that coverage counts as a dimension of its own.
+
+    Random draws cover pairs of cells (:func:`guards.cases.domain_draws`). A condition no single axis
+    holds (expert groups dropped: ``TG < G``) is paired with the regimes and the axis values only by
+    luck unless it is a dimension; declared here, it has two cells (holds, does not hold) and every
+    pair it makes with a regime or a value is targeted like any other.
+
+    Attributes:
+        expr: a boolean expression over axis and parameter names (the :func:`check_constraint` form).
+        source: why the condition matters (the bug class or contract clause it separates).
+    """
+
+    expr: str
+    source: str = Field(min_length=10)
+
+    @model_validator(mode="after")
+    def _valid(self) -> DomainFeatureSpec:
+        check_constraint(self.expr)
+        return self
+
+
 class DomainSpec(_Frozen):
     """The op's declared input domain: what random correctness draws explore (issue 12 item 5,
     issue 19 item 1).
@@ -508,6 +530,8 @@ class DomainSpec(_Frozen):
         inputs: the realistic and legal range of every input tensor and the regimes that draw it.
         invariances: transformations with a known effect on the outputs; those with a transform and a
             relation are checked as metamorphic pairs (:class:`DomainInvarianceSpec`).
+        features: derived conditions that coverage pairs with every regime and value
+            (:class:`DomainFeatureSpec`).
         note: anything else a reader of the domain needs.
     """
 
@@ -519,10 +543,16 @@ class DomainSpec(_Frozen):
     regimes: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainRegimeSpec] = Field(min_length=1)
     inputs: dict[str, DomainInputSpec]
     invariances: dict[str, DomainInvarianceSpec] = Field(default_factory=dict)
+    features: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainFeatureSpec] = Field(default_factory=dict)
     note: str = ""
 
     @model_validator(mode="after")
     def _self_consistent(self) -> DomainSpec:
+        for fname, feat in self.features.items():
+            unknown = sorted(check_constraint(feat.expr) - set(self.axes) - set(self.params))
+            if unknown:
+                raise ValueError(f"features.{fname}: {feat.expr!r} names {unknown}, which are neither axes nor params "
+                                 f"of the domain (axes: {', '.join(self.axes)}; params: {', '.join(self.params) or 'none'})")
         for kind in ("constraints", "cost_constraints"):
             for c in getattr(self, kind):
                 check_constraint(c)

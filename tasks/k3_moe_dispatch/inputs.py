@@ -144,16 +144,40 @@ WIDE_BIAS_SIGMA = (0.5, 4.0)
 """Range (log-uniform) of the standard deviation of the ``wide_bias`` regime's correction bias."""
 
 
-def _wide_bias(T: int, E: int, gen: torch.Generator) -> _Draw:
+def _wide_bias(T: int, E: int, gen: torch.Generator, G: int = 1, TG: int = 1) -> _Draw:
     """Realistic logits with a correction bias spread wider than the scores' range: N(0, sigma^2), sigma
     log-uniform in [0.5, 4]. Then ``s + b`` of a dropped group's expert can exceed a kept one's by more than
     1, so a group mask that offsets instead of excluding (``g - 2.0`` for ``-inf``) picks dropped experts
-    (session 10's red team: accepted while every generator's bias spread stayed below about 0.33)."""
+    (session 10's red team: accepted while every generator's bias spread stayed below about 0.33).
+
+    When the configuration drops groups (``TG < G``, at least two experts a group), ``G - TG`` random
+    groups get a lone star: one expert at bias ``+WIDE_BIAS_STAR + sigma``, its group mates at
+    ``-3 (WIDE_BIAS_STAR + sigma)``. Their top-2 group score falls below every other group's (those keep
+    a bias of ``sigma / 8`` N(0, 1)), so exactly they are dropped, while each star's ``s + b`` exceeds
+    every kept expert's by more than ``WIDE_BIAS_STAR - 1``: an offset mask of any size up to that picks
+    a star. Session 11's CI: with the plain spread, four wide-bias draws of one run (two dropping groups)
+    left that fixture accepted. Source: k3_model/ops/moe_dispatch.py (group score = top-2 sum).
+    """
     logits, _, valid = _realistic(T, E, gen)
     lo, hi = WIDE_BIAS_SIGMA
     sigma = float(torch.exp(torch.empty(1).uniform_(float(torch.tensor(lo).log()), float(torch.tensor(hi).log()),
                                                     generator=gen)))
-    return logits, sigma * torch.randn(E, generator=gen), valid
+    per = E // G if G >= 1 and E % G == 0 else 0
+    if not (TG < G and per >= 2):
+        return logits, sigma * torch.randn(E, generator=gen), valid
+    bias = (sigma / 8) * torch.randn(E, generator=gen)
+    star = WIDE_BIAS_STAR + sigma
+    for g in torch.randperm(G, generator=gen)[: G - TG].tolist():
+        block = torch.full((per,), -3.0 * star)
+        block[int(torch.randint(per, (1,), generator=gen))] = star
+        bias[g * per:(g + 1) * per] = block
+    return logits, bias, valid
+
+
+WIDE_BIAS_STAR = 6.0
+"""Bias of a lone star above the kept experts in ``wide_bias`` draws that drop groups (before adding
+sigma): sigmoid scores lie in [0, 1], so a star beats every kept expert by more than 5 after any
+offset mask up to 5. Source: the fixture correctness-offsets-dropped-groups (offset 2)."""
 
 
 def _denormal_scores(T: int, E: int, K: int, gen: torch.Generator) -> _Draw:
@@ -199,7 +223,8 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     ``denormal_scores`` (up to E - K experts per row with denormal scores; uses axis K).
 
     Args:
-        axes: the workload's axes; T (tokens) and E (experts) are used, K by ``denormal_scores``.
+        axes: the workload's axes; T (tokens) and E (experts) are used, K by ``denormal_scores``, G
+            and TG by ``wide_bias``.
         seed: RNG seed; equal seeds give equal tensors.
         case: one of :data:`CASES`.
 
@@ -221,6 +246,8 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
     gen = torch.Generator().manual_seed(int(seed))
     if CASES[case] is _denormal_scores:
         logits, bias, valid = _denormal_scores(T, E, int(axes.get("K", 1)), gen)
+    elif CASES[case] is _wide_bias:
+        logits, bias, valid = _wide_bias(T, E, gen, int(axes.get("G", 1)), int(axes.get("TG", 1)))
     else:
         logits, bias, valid = CASES[case](T, E, gen)
     return {"router_logits": logits.float().contiguous(), "e_score_correction_bias": bias.float().contiguous(),

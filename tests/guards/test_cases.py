@@ -11,6 +11,7 @@ import pytest
 from guards.cases import (
     _cell_index,
     _dims,
+    _feature_cells,
     build_case,
     domain_draws,
     load_task_module,
@@ -38,6 +39,13 @@ def _legal(task, axes, params, regime) -> bool:
             and dom.satisfied(values) and (not req or eval_constraint(req, values)))
 
 
+def _cell_of(task, d, axes, params, regime):
+    """The cell of dimension ``d`` a configuration falls in (a feature: 0 holds, 1 does not)."""
+    if d.kind == "feature":
+        return _feature_cells(task.domain, {**axes, **params})[list(task.domain.features).index(d.name)]
+    return _cell_index(d, regime if d.kind == "regime" else axes.get(d.name, params.get(d.name)))
+
+
 @pytest.mark.parametrize("task_id", TASKS)
 def test_draws_meet_every_constraint_and_cover_every_cell(task_id):
     """Over a few seeds the draws reach every cell (edges, realistic values, inside bins, regimes) that
@@ -54,10 +62,8 @@ def test_draws_meet_every_constraint_and_cover_every_cell(task_id):
             assert set(axes) == set(task.axes) and set(params) == set(task.domain.params)
             assert _legal(task, axes, params, regime), (axes, params, regime)
             for d in dims:
-                v = regime if d.kind == "regime" else axes.get(d.name, params.get(d.name))
-                seen[d.name].add(_cell_index(d, v))
-    fixed = {d.name: {_cell_index(d, w.case if d.kind == "regime" else w.axes.get(d.name, w.params.get(d.name)))
-                      for w in task.correctness.workloads} for d in dims}
+                seen[d.name].add(_cell_of(task, d, axes, params, regime))
+    fixed = {d.name: {_cell_of(task, d, w.axes, w.params, w.case) for w in task.correctness.workloads} for d in dims}
     for d in dims:
         # every cell no fixed workload covers is drawn; together they cover every cell of every dimension
         missing = set(range(len(d.cells))) - fixed[d.name] - seen[d.name]
@@ -192,3 +198,46 @@ def test_shrink_respects_the_budget_and_returns_the_input_when_nothing_smaller_f
 def test_shrink_without_domain_is_refused(moe):
     with pytest.raises(TaskSpecError, match="no \\[domain\\]"):
         shrink(moe.model_copy(update={"domain": None}), _failing(moe), lambda _: True)
+
+
+def test_a_declared_feature_is_paired_with_every_regime_in_every_run():
+    """Session 11: a wide_bias draw that drops groups (TG < G) came by luck; declared as a feature it is a
+    coverage dimension, so each regime meets both of its cells in every run."""
+    task = load_task(REPO, "k3_moe_dispatch")
+    feat = task.domain.features["groups_dropped"]
+    regimes = [r for r in task.domain.regimes if not task.domain.regimes[r].requires]
+    for seed in range(20):
+        seen = {(r, _feature_cells(task.domain, {**a, **p})[0]) for a, p, r in domain_draws(task, seed)}
+        for w in task.correctness.workloads:
+            seen.add((w.case, _feature_cells(task.domain, {**w.axes, **w.params})[0]))
+        missing = [(r, f) for r in regimes for f in (0, 1) if (r, f) not in seen
+                   and not (r in ("one_expert",) and f == 0)]
+        assert not missing, (seed, feat.expr, missing)
+
+
+def test_a_feature_naming_no_axis_or_param_is_refused():
+    from workbench.taskspec import DomainSpec
+
+    task = load_task(REPO, "k3_moe_dispatch")
+    raw = task.domain.model_dump()
+    raw["features"] = {"typo": {"expr": "TG < GG", "source": "a typo in the feature's expression"}}
+    with pytest.raises(ValueError, match=r"features.typo: 'TG < GG' names \['GG'\], which are neither axes nor params"):
+        DomainSpec.model_validate(raw)
+
+
+def test_wide_bias_draws_that_drop_groups_expose_an_offset_group_mask():
+    """The lone stars of ``wide_bias``: a mask offsetting dropped groups by -2 (not -inf) picks other
+    experts than the exact one on every row of such a draw."""
+    import torch
+
+    task = load_task(REPO, "k3_moe_dispatch")
+    make = load_task_module(task, "inputs").make_inputs
+    for axes in ({"T": 64, "E": 16, "G": 8, "TG": 6, "K": 4}, {"T": 3, "E": 896, "G": 8, "TG": 7, "K": 16},
+                 {"T": 4, "E": 128, "G": 4, "TG": 2, "K": 1}):
+        x = make(axes, 5, "wide_bias")
+        g = (torch.sigmoid(x["router_logits"]) + x["e_score_correction_bias"]).view(axes["T"], axes["G"], -1)
+        score = g.topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(axes["TG"], dim=-1).indices, True)
+        exact = g.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1).topk(axes["K"], dim=-1).indices.sort(-1).values
+        offset = torch.where(keep.unsqueeze(-1), g, g - 2.0).flatten(1).topk(axes["K"], dim=-1).indices.sort(-1).values
+        assert bool((exact != offset).any(-1).all()), axes
