@@ -281,7 +281,7 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     repo = open_repo(Path(repo_root))
     root = Path(repo.working_dir)
     task = load_task(root, task_id)
-    dev = detect_device(device)
+    dev = detect_device(device) if pool is None else pool.detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
     cand = create_candidate(root, task_id, source, base)
     if cand.set_aside:

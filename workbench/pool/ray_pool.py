@@ -219,12 +219,12 @@ class RayPool:
         self.spec = address
         self.board = Board(address, on_change)
         self.max_retries = envs.POOL_MAX_RETRIES.read() if max_retries is None else max_retries
+        _check_reachable(address)
         try:
             import ray
         except ImportError:
             raise PoolError(f"--pool {address}: Ray is not installed here; install the pool extra "
                             "(pip install -e '.[pool]') or use --pool local.") from None
-        _check_reachable(address)
         self._ray = ray
         try:
             self._ctx = ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
