@@ -47,7 +47,9 @@ def _cli(repo: Path, *args: str, timeout_s: float = 420) -> subprocess.Completed
 
 
 def _ledger(repo: Path) -> list[dict]:
-    p = state_dir(repo) / "judgings.jsonl"
+    from workbench.retries import ledger_path
+
+    p = ledger_path(state_dir(repo))
     return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
 
 

@@ -146,7 +146,7 @@ def judge_in_worker(request: JudgeRequest, started) -> object:
 
     Raises:
         DeviceRefused: see :func:`refuse_without_device`.
-        subprocess.CalledProcessError: the bundle did not clone.
+        RuntimeError: the bundle did not unpack (git's message included).
     """
     import ray
 
@@ -161,9 +161,13 @@ def judge_in_worker(request: JudgeRequest, started) -> object:
     with tempfile.TemporaryDirectory(prefix="workbench-pool-") as tmp:
         bundle, repo = Path(tmp) / "candidate.bundle", Path(tmp) / "repo"
         bundle.write_bytes(request.bundle)
-        subprocess.run(["git", "clone", "-q", "--no-checkout", str(bundle), str(repo)], check=True, capture_output=True)
-        subprocess.run(["git", "-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q",
-                        request.candidate_commit], check=True, capture_output=True)
+        for cmd in (["init", "-q", str(repo)],
+                    ["-C", str(repo), "fetch", "-q", str(bundle), "refs/workbench-pool/*:refs/workbench-pool/*"],
+                    ["-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", request.candidate_commit]):
+            done = subprocess.run(["git", *cmd], capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"Pool worker on node {node}: git {' '.join(cmd[2:] if cmd[0] == '-C' else cmd)} "
+                                   f"failed: {done.stderr.strip()}")
         cand = Candidate(source=request.source, kind=request.kind, branch=request.branch, worktree=repo,
                          base_commit=request.base_commit, candidate_commit=request.candidate_commit)
         return run_guards_phase(repo, load_task(repo, request.task_id), cand, device=request.device,
