@@ -723,6 +723,41 @@ app.add_typer(review_app, name="review")
 app.command()(ui)
 
 
+pool_app = typer.Typer(no_args_is_help=True, help="The pool that judges verdicts (--pool, --parallel): its progress.")
+app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("status")
+def pool_status(
+    repo: RepoOpt = None,
+    runs: int = typer.Option(5, "--runs", help="Newest runs shown (count)."),
+) -> None:
+    """Each verdict of the newest pool runs: queued, running (node, worker pid, try), done or error.
+
+    Reads ``.workbench/pool/*.json``, which every run with ``--parallel`` or ``--pool ray://`` keeps up to
+    date; the review UI's ``/pool`` page shows the same.
+    """
+    from workbench.pool import read_boards
+
+    boards = read_boards(_root(repo))[:max(runs, 0)]
+    if not boards:
+        console.print("no pool has judged here yet (workbench agent ... --parallel N, or --pool ray://HOST:PORT)",
+                      markup=False)
+        return
+    for b in boards:
+        t = Table(title=escape(f"{b.get('pool')} · run on {b.get('host')} (pid {b.get('pid')}) · updated "
+                               f"{b.get('updated_at')}"))
+        for col in ("verdict", "state", "node", "pid", "tries", "last change", "note"):
+            t.add_column(col)
+        counts: dict[str, int] = {}
+        for label, e in sorted(b.get("verdicts", {}).items()):
+            counts[e["state"]] = counts.get(e["state"], 0) + 1
+            t.add_row(*(escape(str(x)) for x in (label, e["state"], e["node"], e["pid"] or "", e["tries"],
+                                                  e["updated_at"], e["note"])))
+        console.print(t)
+        console.print(", ".join(f"{n} {state}" for state, n in counts.items()), markup=False)
+
+
 model_app = typer.Typer(no_args_is_help=True, help="The K3 model: generate a K3-mini checkpoint.")
 app.add_typer(model_app, name="model")
 
