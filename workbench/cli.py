@@ -328,10 +328,13 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts:
             else:
                 from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="agent-run") as ex:
+                ex = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="agent-run")
+                try:
                     futures = [ex.submit(run_agent, root, task_id, b, attempts=attempts, base=base, device=device,
                                          pool=judged_by) for b in backends]
                     runs = [f.result() for f in futures]
+                finally:  # Ctrl-C: do not wait here for the runs; _judging kills their children, the pool cancels
+                    ex.shutdown(wait=False, cancel_futures=True)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     from workbench.results import read_result
