@@ -157,7 +157,38 @@ NoQueueOpt = Annotated[bool, typer.Option("--no-queue", help="Do not put an acce
 ModelEvalVllmOpt = Annotated[bool, typer.Option("--model-eval-vllm", help="Also run the model eval through vLLM "
                                                 "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
-"""The options ``run`` and ``agent`` share (one declaration each, the same names and help in both)."""
+PoolOpt = Annotated[str | None, typer.Option("--pool", help="Where verdicts are judged: local (this process, one "
+                    "at a time) or ray://HOST:PORT (a Ray cluster's client address; needs the pool extra). Default: "
+                    "$WORKBENCH_POOL, else local.")]
+"""The options ``run``, ``verify`` and ``agent`` share (one declaration each, the same names and help in all)."""
+ParallelOpt = Annotated[int, typer.Option("--parallel", help="Agent runs at once, each in its own worktree with its own "
+                        "attempts and feedback; their verdicts share the pool (count, at least 1).")]
+
+def _pool_line(label: str, entry) -> None:
+    """The pool's progress on stderr: one line per change of a verdict's state (queued, running, done, error)."""
+    where = f" on {entry.node} (pid {entry.pid}, try {entry.tries})" if entry.state == "running" else ""
+    note = f": {entry.note}" if entry.note and entry.state in ("done", "error") else ""
+    err.print(f"pool: {label} {entry.state}{where}{note}", markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def _pool(spec: str | None, *, inline_local: bool = True) -> Iterator:
+    """The pool ``--pool`` names (``$WORKBENCH_POOL`` when not given), closed on the way out; ``None`` for the
+    local pool when ``inline_local`` (one verdict at a time anyway: judged inline, exactly as before).
+
+    Raises:
+        PoolError: see :func:`workbench.pool.open_pool`.
+    """
+    from workbench import envs
+    from workbench.pool import LocalPool, open_pool
+
+    spec = spec if spec is not None else envs.POOL.read()
+    pool = open_pool(spec, on_change=_pool_line)
+    try:
+        yield None if inline_local and isinstance(pool, LocalPool) else pool
+    finally:
+        pool.close()
+
 
 BACKENDS = ("anthropic", "command", "patch")
 """``workbench agent --backend`` values: the API tool loop, a command-line agent, a fixed candidate."""
@@ -174,6 +205,7 @@ def run(
     no_queue: NoQueueOpt = False,
     model_eval_vllm: ModelEvalVllmOpt = False,
     agent: str | None = typer.Option(None, "--agent", hidden=True, help="Moved: `workbench agent --backend`."),
+    pool: PoolOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Judge a candidate you already have (a patch, an overlay folder or a branch) against the base."""
@@ -188,8 +220,9 @@ def run(
     from workbench.pipeline import run_candidate
 
     try:
-        with _judging():
-            result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed)
+        with _pool(pool) as judged_by, _judging():
+            result, path = run_candidate(_root(repo), task_id, candidate, base=base, device=device, seed=seed,
+                                         pool=judged_by)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _enqueue(_root(repo), result, path, no_queue)
@@ -217,23 +250,34 @@ def agent(
     repo: RepoOpt = None,
     no_queue: NoQueueOpt = False,
     model_eval_vllm: ModelEvalVllmOpt = False,
+    parallel: ParallelOpt = 1,
+    pool: PoolOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Let an agent write a candidate in its own worktree; judge each attempt and feed a rejection back to it."""
+    """Let an agent write a candidate in its own worktree; judge each attempt and feed a rejection back to it.
+
+    With ``--parallel N``, N runs go at once (each its own worktree, branch and attempts); the exit code is
+    0 when any run was accepted, else the first run's.
+    """
     _verbosity(verbose)
     _model_eval_vllm(model_eval_vllm)
     _run_agent_cli(task_id, agent=backend, candidate=candidate, attempts=attempts, agent_cmd=agent_cmd,
                    agent_env=agent_env or [], model=model, max_turns=max_turns, max_tokens=max_tokens,
-                   budget_s=budget_s, base=base, device=device, seed=seed, repo=repo, no_queue=no_queue)
+                   budget_s=budget_s, base=base, device=device, seed=seed, repo=repo, no_queue=no_queue,
+                   parallel=parallel, pool=pool)
 
 
 def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts: int, agent_cmd: str | None,
                    agent_env: list[str], model: str | None, max_turns: int | None, max_tokens: int | None,
                    budget_s: float | None, base: str | None, device: str, seed: int | None,
-                   repo: Path | None, no_queue: bool = False) -> None:
-    """``workbench agent``: build the backend from the options, run the attempts, print each verdict."""
+                   repo: Path | None, no_queue: bool = False, parallel: int = 1, pool: str | None = None) -> None:
+    """``workbench agent``: build the backend from the options, run the attempts (``parallel`` runs at once,
+    verdicts judged by ``pool``), print each verdict."""
+    from workbench.pool import check_parallel
+
     log = logging.getLogger("workbench.cli")
     try:
+        check_parallel(parallel)
         if seed is not None:
             raise WorkbenchError("--seed is not used by `workbench agent`: every attempt draws a fresh run-time seed "
                                  "(recorded in its result file).")
@@ -248,20 +292,21 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts:
         if agent != "patch" and candidate:
             raise WorkbenchError(f"--candidate belongs to --backend patch, not --backend {agent}.")
         root = _root(repo)
-        if agent == "anthropic":
-            from workbench.agents.anthropic_backend import AnthropicBackend
 
-            kw = {k: v for k, v in (("model", model), ("max_turns", max_turns), ("max_tokens", max_tokens),
-                                    ("budget_s", budget_s)) if v is not None}
-            backend = AnthropicBackend(**kw)
-        elif agent == "command":
-            from workbench.agents.command_backend import CommandBackend
+        def make_backend():
+            if agent == "anthropic":
+                from workbench.agents.anthropic_backend import AnthropicBackend
 
-            if not agent_cmd:
-                raise WorkbenchError("--backend command needs --agent-cmd TEMPLATE, e.g. --agent-cmd 'claude -p {prompt}'.")
-            backend = CommandBackend(agent_cmd, env_allow=agent_env,
-                                     **({"budget_s": budget_s} if budget_s is not None else {}))
-        else:
+                kw = {k: v for k, v in (("model", model), ("max_turns", max_turns), ("max_tokens", max_tokens),
+                                        ("budget_s", budget_s)) if v is not None}
+                return AnthropicBackend(**kw)
+            if agent == "command":
+                from workbench.agents.command_backend import CommandBackend
+
+                if not agent_cmd:
+                    raise WorkbenchError("--backend command needs --agent-cmd TEMPLATE, e.g. --agent-cmd 'claude -p {prompt}'.")
+                return CommandBackend(agent_cmd, env_allow=agent_env,
+                                      **({"budget_s": budget_s} if budget_s is not None else {}))
             from workbench.agents.patch_backend import PatchBackend
 
             if not candidate:
@@ -269,31 +314,51 @@ def _run_agent_cli(task_id: str, *, agent: str, candidate: str | None, attempts:
             if attempts != 1:
                 raise WorkbenchError(f"--attempts {attempts}: the patch backend judges one fixed candidate; "
                                      "use --backend anthropic or command to iterate.")
-            backend = PatchBackend(candidate, root)
-        log.info("dispatch: run %s with backend %s, %d attempt(s)", task_id, backend.label, attempts)
+            return PatchBackend(candidate, root)
+
+        backends = [make_backend() for _ in range(parallel)]  # one per run: a backend keeps per-run state
+        log.info("dispatch: %d run(s) of %s with backend %s, %d attempt(s) each", parallel, task_id,
+                 backends[0].label, attempts)
         from workbench.agents.runner import run_agent
 
-        with _judging():
-            result = run_agent(root, task_id, backend, attempts=attempts, base=base, device=device)
+        with _pool(pool, inline_local=parallel == 1) as judged_by, _judging():
+            if parallel == 1:
+                runs = [run_agent(root, task_id, backends[0], attempts=attempts, base=base, device=device,
+                                  pool=judged_by)]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                ex = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="agent-run")
+                try:
+                    futures = [ex.submit(run_agent, root, task_id, b, attempts=attempts, base=base, device=device,
+                                         pool=judged_by) for b in backends]
+                    runs = [f.result() for f in futures]
+                finally:  # Ctrl-C: do not wait here for the runs; _judging kills their children, the pool cancels
+                    ex.shutdown(wait=False, cancel_futures=True)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     from workbench.results import read_result
 
-    for rec in result.attempts:
-        r = read_result(Path(rec.result_path))
-        console.rule(escape(f"attempt {rec.attempt}/{attempts}: {rec.outcome['stop_reason']}, commit {rec.commit[:10]}"))
-        _print_result(r, Path(rec.result_path))
-    u = result.usage
-    cost = "unknown (model not in the price table)" if u.cost_usd is None else f"${u.cost_usd:.4f}"
-    if u.api_calls:
-        console.print(f"tokens: {u.input_tokens} in, {u.output_tokens} out, {u.cache_read_input_tokens} cache read, "
-                      f"{u.cache_creation_input_tokens} cache write over {u.api_calls} calls; cost {cost}")
-    console.print(f"run record: {result.record_path}", markup=False)
-    if result.final_path is None:
-        _fail(WorkbenchError("no attempt was judged."))
-    _enqueue(root, result.final, result.final_path, no_queue)
-    console.print(str(result.final_path), markup=False)
-    raise typer.Exit(_exit_code(result.final))
+    codes = []
+    for n, result in enumerate(runs, 1):
+        if parallel > 1:
+            console.rule(escape(f"run {n}/{parallel}: {result.branch}"))
+        for rec in result.attempts:
+            r = read_result(Path(rec.result_path))
+            console.rule(escape(f"attempt {rec.attempt}/{attempts}: {rec.outcome['stop_reason']}, commit {rec.commit[:10]}"))
+            _print_result(r, Path(rec.result_path))
+        u = result.usage
+        cost = "unknown (model not in the price table)" if u.cost_usd is None else f"${u.cost_usd:.4f}"
+        if u.api_calls:
+            console.print(f"tokens: {u.input_tokens} in, {u.output_tokens} out, {u.cache_read_input_tokens} cache read, "
+                          f"{u.cache_creation_input_tokens} cache write over {u.api_calls} calls; cost {cost}")
+        console.print(f"run record: {result.record_path}", markup=False)
+        if result.final_path is None:
+            _fail(WorkbenchError(f"no attempt of run {result.branch} was judged."))
+        _enqueue(root, result.final, result.final_path, no_queue)
+        console.print(str(result.final_path), markup=False)
+        codes.append(_exit_code(result.final))
+    raise typer.Exit(EXIT_ACCEPTED if EXIT_ACCEPTED in codes else codes[0])
 
 
 @app.command()
@@ -307,6 +372,7 @@ def verify(
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
     model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "
         "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
+    pool: PoolOpt = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
@@ -321,8 +387,8 @@ def verify(
     try:
         root = _root(repo)
         ref = resolve_branch(root, branch)
-        with _judging():
-            result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed)
+        with _pool(pool) as judged_by, _judging():
+            result, path = run_candidate(root, task_id, ref, base=base, device=device, seed=seed, pool=judged_by)
     except (WorkbenchError, ValueError) as exc:
         _fail(exc)
     _enqueue(root, result, path, no_queue)
@@ -658,6 +724,41 @@ from workbench.review.cli import review_app, ui  # noqa: E402  (the review queue
 
 app.add_typer(review_app, name="review")
 app.command()(ui)
+
+
+pool_app = typer.Typer(no_args_is_help=True, help="The pool that judges verdicts (--pool, --parallel): its progress.")
+app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("status")
+def pool_status(
+    repo: RepoOpt = None,
+    runs: int = typer.Option(5, "--runs", help="Newest runs shown (count)."),
+) -> None:
+    """Each verdict of the newest pool runs: queued, running (node, worker pid, try), done or error.
+
+    Reads ``.workbench/pool/*.json``, which every run with ``--parallel`` or ``--pool ray://`` keeps up to
+    date; the review UI's ``/pool`` page shows the same.
+    """
+    from workbench.pool import read_boards
+
+    boards = read_boards(_root(repo))[:max(runs, 0)]
+    if not boards:
+        console.print("no pool has judged here yet (workbench agent ... --parallel N, or --pool ray://HOST:PORT)",
+                      markup=False)
+        return
+    for b in boards:
+        t = Table(title=escape(f"{b.get('pool')} · run on {b.get('host')} (pid {b.get('pid')}) · updated "
+                               f"{b.get('updated_at')}"))
+        for col in ("verdict", "state", "node", "pid", "tries", "last change", "note"):
+            t.add_column(col)
+        counts: dict[str, int] = {}
+        for label, e in sorted(b.get("verdicts", {}).items()):
+            counts[e["state"]] = counts.get(e["state"], 0) + 1
+            t.add_row(*(escape(str(x)) for x in (label, e["state"], e["node"], e["pid"] or "", e["tries"],
+                                                  e["updated_at"], e["note"])))
+        console.print(t)
+        console.print(", ".join(f"{n} {state}" for state, n in counts.items()), markup=False)
 
 
 model_app = typer.Typer(no_args_is_help=True, help="The K3 model: generate a K3-mini checkpoint.")

@@ -34,6 +34,10 @@ interface a person can set by hand too.
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
 | ``WORKBENCH_JUDGINGS`` | path | unset (``.workbench/judgings.jsonl``) | workbench/retries.py | ledger of judgings, pooled per candidate content |
+| ``WORKBENCH_POOL`` | str | ``local`` | workbench/cli.py | default of ``--pool``: ``local`` or ``ray://HOST:PORT`` |
+| ``WORKBENCH_POOL_MAX_RETRIES`` | int | 1 | workbench/pool/ray_pool.py | Ray re-runs of a verdict whose worker died (count) |
+| ``WORKBENCH_TEST_RAY_ADDRESS`` | str | unset | tests/pool/ | the Ray cluster of the pool tests (``.ci/install-services.sh``) |
+| ``WORKBENCH_TEST_POSTGRES_URL`` | str | unset | tests/review/ | the PostgreSQL server of the store tests |
 
 The workbench also *sets* variables that only the agent command reads (:data:`AGENT_VARIABLES`,
 written by workbench/agents/command_backend.py); it never reads them back.
@@ -186,8 +190,23 @@ JUDGINGS = EnvVar("WORKBENCH_JUDGINGS", Path, None,
                   "ledger of judgings pooled per candidate content (unset: .workbench/judgings.jsonl)",
                   "workbench/retries.py", empty_is_unset=True)
 
+POOL = EnvVar("WORKBENCH_POOL", str, "local",
+              "where verdicts are judged when --pool is not given: local (this process) or ray://HOST:PORT",
+              "workbench/cli.py", empty_is_unset=True)
+POOL_MAX_RETRIES = EnvVar("WORKBENCH_POOL_MAX_RETRIES", int, 1,
+                          "times Ray re-runs a verdict whose worker died before an ERROR verdict (count)",
+                          "workbench/pool/ray_pool.py")
+_POOL_TESTS = "tests/pool/"
+TEST_RAY_ADDRESS = EnvVar("WORKBENCH_TEST_RAY_ADDRESS", str, None,
+                          "ray://HOST:PORT of the Ray cluster the pool tests use (.ci/install-services.sh)", _POOL_TESTS,
+                          empty_is_unset=True)
+TEST_POSTGRES_URL = EnvVar("WORKBENCH_TEST_POSTGRES_URL", str, None,
+                           "postgresql+psycopg:// URL of a server whose role may create databases (the store tests)",
+                           "tests/review/", empty_is_unset=True)
+
 VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
-    DB, BENCH_LOG_DIR, BENCH_HANG_DUMP_S, *MODEL_EVAL.values(), CORPUS_SUMMARY, CORPUS_GUARD_LIMIT_S, JUDGINGS)}
+    DB, BENCH_LOG_DIR, BENCH_HANG_DUMP_S, *MODEL_EVAL.values(), CORPUS_SUMMARY, CORPUS_GUARD_LIMIT_S, JUDGINGS,
+    POOL, POOL_MAX_RETRIES, TEST_RAY_ADDRESS, TEST_POSTGRES_URL)}
 """Every ``WORKBENCH_*`` variable the code reads, by name."""
 
 AGENT_VARIABLES: dict[str, str] = {
@@ -212,5 +231,6 @@ def model_eval_overrides(environ: Mapping[str, str] | None = None) -> dict[str, 
 
 
 __all__ = ["AGENT_VARIABLES", "BENCH_HANG_DUMP_S", "BENCH_LOG_DIR", "CORPUS_GUARD_LIMIT_S", "CORPUS_SUMMARY", "DB",
-           "EnvVar", "EnvVarError", "MODEL_EVAL", "MODEL_EVAL_PREFIX", "MODEL_EVAL_VLLM", "VARIABLES",
+           "EnvVar", "EnvVarError", "MODEL_EVAL", "MODEL_EVAL_PREFIX", "MODEL_EVAL_VLLM", "POOL", "POOL_MAX_RETRIES",
+           "TEST_POSTGRES_URL", "TEST_RAY_ADDRESS", "VARIABLES",
            "model_eval_overrides"]

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guards import progress
 from guards.artifacts import view_for
@@ -34,6 +35,9 @@ from workbench.results import (
 )
 from workbench.taskspec import TaskSpec, load_task
 from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
+
+if TYPE_CHECKING:
+    from workbench.pool import Pool
 
 logger = logging.getLogger("workbench.pipeline")
 
@@ -132,6 +136,47 @@ def draw_runtime_seed(task: TaskSpec) -> int:
             return seed
 
 
+@dataclasses.dataclass
+class GuardsPhase:
+    """What the guards of one judging hand to the result file: the first phase of :func:`judge_candidate`,
+    run in this process or in a pool's worker (``workbench.pool``), plain data that pickles.
+
+    Attributes:
+        verdicts: in pipeline order.
+        changed_paths: the isolation guard's list (repo-relative).
+        cases: the correctness guard's per-configuration dicts.
+        perf: the perf guard's per-configuration dicts.
+        trace: the dispatch decisions recorded while the candidate ran (at most 2000).
+        environment: :func:`workbench.env.collect` on the machine that judged.
+    """
+
+    verdicts: list[Verdict]
+    changed_paths: list[str]
+    cases: list[dict]
+    perf: list[dict]
+    trace: list[dict]
+    environment: dict
+
+
+def run_guards_phase(repo_root: Path, task: TaskSpec, cand: Candidate, *, device: str, seed: int,
+                     guards: Sequence[Guard]) -> GuardsPhase:
+    """Run ``guards`` on a committed candidate (:func:`run_guards`) and collect what the result file needs.
+
+    Raises:
+        RuntimeError: the judged tree could not be made (git's reason in the message).
+    """
+    ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
+                       candidate_commit=cand.candidate_commit, device=device, seed=seed)
+    verdicts = run_guards(ctx, guards)
+    trace: list[dict] = []
+    for calls in (ctx.artifacts.traces or {}).values():
+        for call in calls:
+            trace.extend(call)
+    return GuardsPhase(verdicts=verdicts, changed_paths=list(ctx.artifacts.changed_paths or ()),
+                       cases=list(ctx.artifacts.cases or []), perf=list(ctx.artifacts.perf or []),
+                       trace=trace[:2000], environment=envmod.collect(device))
+
+
 def judge_candidate(
     repo_root: Path,
     task: TaskSpec,
@@ -144,8 +189,13 @@ def judge_candidate(
     agent: str = "patch",
     transcript_path: str | None = None,
     attempt: int | None = None,
+    pool: Pool | None = None,
 ) -> tuple[RunResult, Path]:
     """Run the guards on a committed candidate and write its result file.
+
+    Two phases: the guards (:func:`run_guards_phase`, here or in ``pool``'s worker), then, always here,
+    the pooling with earlier judgings of the same content, the result file and the judgings ledger, so
+    each judging writes exactly one result file wherever its guards ran.
 
     Args:
         seed: the run-time seed; ``None`` draws one (:func:`draw_runtime_seed`). Either way it is the
@@ -154,6 +204,8 @@ def judge_candidate(
             seed they pass). Default: a ``workbench verify`` command with the seed.
         attempt: for agent runs, the 1-based attempt number; it becomes part of the result id
             (``<task>-<n>-a<attempt>-<sha8>``) so an attempt that changed nothing keeps its own file.
+        pool: where the guards run (``workbench.pool``; ``None``: in this process, today's behaviour). A
+            pool whose worker died or refused the task returns an ERROR verdict of guard ``pool``.
 
     Returns:
         ``(result, path_to_json)``.
@@ -161,35 +213,32 @@ def judge_candidate(
     started = now_utc()
     t0 = time.monotonic()
     seed = draw_runtime_seed(task) if seed is None else seed
-    ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
-                       candidate_commit=cand.candidate_commit, device=device, seed=seed)
     guards = default_guards() if guards is None else list(guards)
-    verdicts = run_guards(ctx, guards)
+    tag = f"-a{attempt}" if attempt is not None else ""
+    result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}{tag}-{cand.candidate_commit[:8]}"
+    if pool is None:
+        phase = run_guards_phase(repo_root, task, cand, device=device, seed=seed, guards=guards)
+    else:
+        phase = pool.run_guards(repo_root, task, cand, device=device, seed=seed, guards=guards, label=result_id)
     from workbench import retries
 
     key = retries.content_key(cand.worktree, task, cand.base_commit, cand.candidate_commit, device,
                               tuple(g.name for g in guards))
-    pooled = retries.pool(task, verdicts, ctx.artifacts.perf or [],
+    pooled = retries.pool(task, phase.verdicts, phase.perf,
                           retries.earlier_judgings(state_dir(repo_root), key), device=device, seed=seed)
     if pooled.judging > 1:
         logger.info("judging %d of content %s: pooled with %s", pooled.judging, key[:12], ", ".join(pooled.pooled_from))
     verdicts = pooled.verdicts
-    tag = f"-a{attempt}" if attempt is not None else ""
-    result_id = f"{task.task_id}-{cand.branch.rsplit('/', 1)[-1]}{tag}-{cand.candidate_commit[:8]}"
-    trace = []
-    for calls in (ctx.artifacts.traces or {}).values():
-        for call in calls:
-            trace.extend(call)
     result = RunResult(
         result_id=result_id,
         task_id=task.task_id,
         task_spec_sha256=file_sha256(Path(task.root) / "task.toml"),
         candidate=CandidateInfo(source=cand.source, kind=cand.kind, branch=cand.branch, worktree=str(cand.worktree),
                                 base_commit=cand.base_commit, candidate_commit=cand.candidate_commit,
-                                changed_paths=tuple(ctx.artifacts.changed_paths or ()), agent=agent,
+                                changed_paths=tuple(phase.changed_paths), agent=agent,
                                 transcript_path=transcript_path, set_aside=cand.set_aside,
                                 target_base=cand.target_base),
-        environment=envmod.collect(device),
+        environment=phase.environment,
         device=device,
         verdicts=tuple(verdicts),
         accepted=is_accepted(verdicts),
@@ -198,9 +247,9 @@ def judge_candidate(
         pooled_from=tuple(pooled.pooled_from),
         perf_judged=perf_was_judged(verdicts),
         seed=seed,
-        cases=tuple(CaseResult(**c) for c in ctx.artifacts.cases or []),
+        cases=tuple(CaseResult(**c) for c in phase.cases),
         perf=tuple(PerfResult(**p) for p in pooled.perf),
-        dispatch_trace=tuple(trace[:2000]),
+        dispatch_trace=tuple(phase.trace),
         command=_env_prefix() + (command or f"workbench verify {task.task_id} --branch {cand.branch} "
                                             f"--base {cand.base_commit[:12]} --device {device} --seed {seed}"),
         started_at=started,
@@ -223,8 +272,8 @@ def _env_prefix() -> str:
 
 
 def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | None = None, device: str | None = None,
-                  seed: int | None = None) -> tuple[RunResult, Path]:
-    """``workbench run TASK --candidate SOURCE``: worktree, commit, guards, result file.
+                  seed: int | None = None, pool: Pool | None = None) -> tuple[RunResult, Path]:
+    """``workbench run TASK --candidate SOURCE``: worktree, commit, guards (here or in ``pool``), result file.
 
     Without ``seed`` a fresh run-time seed is drawn; the result records it (``seed``) and its reproduce
     command always carries ``--seed N``.
@@ -232,7 +281,7 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     repo = open_repo(Path(repo_root))
     root = Path(repo.working_dir)
     task = load_task(root, task_id)
-    dev = detect_device(device)
+    dev = detect_device(device) if pool is None else pool.detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
     cand = create_candidate(root, task_id, source, base)
     if cand.set_aside:
@@ -241,7 +290,7 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.target_base[:12]} "
            f"--device {dev} --seed {seed}")
     try:
-        return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd)
+        return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd, pool=pool)
     except KeyboardInterrupt as exc:
         raise interrupted(root, cand) from exc
 

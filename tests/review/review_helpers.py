@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 REVIEWER = "Test Reviewer"
@@ -112,3 +115,40 @@ def candidate_result(root: Path, *, skipped: tuple[str, ...] = ("model_eval", "p
         seed=1, command="workbench run k3_moe_dispatch --candidate x --device cpu --seed 1",
         started_at="2026-01-01T00:00:00+00:00", duration_s=1.0)
     return write_result(r, root / ".workbench" / "results")
+
+
+@contextlib.contextmanager
+def fresh_postgres_db() -> Iterator[str]:
+    """A new database on the ``WORKBENCH_TEST_POSTGRES_URL`` server, dropped afterwards; yields its URL.
+
+    Skips the test when the variable is unset or psycopg is missing, except under ``CI=true`` (fails: CI
+    starts the server in .ci/install-services.sh).
+    """
+    import pytest
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from workbench import envs
+
+    admin_url = envs.TEST_POSTGRES_URL.read()
+    why = None if admin_url else (f"{envs.TEST_POSTGRES_URL.name} is not set: start a server with "
+                                  "`bash .ci/install-services.sh` and `source .ci/services.env`")
+    if why is None:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            why = "psycopg is not installed (pip install -e '.[pool]')"
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true: the PostgreSQL store tests need a real server; {why}.")
+        pytest.skip(why)
+    name = f"wb_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

@@ -1,4 +1,6 @@
-"""Concurrency and crash safety of the store: 8 processes at once; SIGKILL mid-write."""
+"""Concurrency and crash safety of the store: 8 processes at once; SIGKILL mid-write. On SQLite and on a real
+PostgreSQL server (``WORKBENCH_TEST_POSTGRES_URL``, started by ``.ci/install-services.sh``; without it the
+PostgreSQL cases skip, and fail under ``CI=true``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from review_helpers import fresh_postgres_db
 
 from workbench.results import read_result, write_result
 from workbench.review.store import ReviewStore
@@ -26,11 +29,25 @@ def spawn(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path):
+    """A new, empty queue's URL: a SQLite file, or a fresh database on the test PostgreSQL server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'queue.db'}"
+    else:
+        with fresh_postgres_db() as url:
+            yield url
+
+
 def check_consistent(store: ReviewStore) -> list:
     """Integrity check passes; every item's state is its last transition's; one submission per item."""
     with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
-        assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+        if conn.dialect.name == "sqlite":
+            assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+            assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+        orphans = conn.exec_driver_sql("SELECT count(*) FROM review_transitions t LEFT JOIN review_items i "
+                                       "ON t.item_id = i.id WHERE i.id IS NULL").scalar()
+        assert orphans == 0
     items = store.items()
     for it in items:
         assert it.transitions, it.result_id
@@ -44,7 +61,7 @@ def check_consistent(store: ReviewStore) -> list:
 
 
 @pytest.mark.slow
-def test_eight_processes_submit_and_review_without_loss_or_duplicates(repo, tmp_path):
+def test_eight_processes_submit_and_review_without_loss_or_duplicates(repo, tmp_path, db):
     base = read_result(repo.accepted)
     rdir = tmp_path / "results"
 
@@ -53,7 +70,6 @@ def test_eight_processes_submit_and_review_without_loss_or_duplicates(repo, tmp_
 
     shared = [make(f"shared-{j}") for j in range(N_SHARED)]
     own = {k: [make(f"own-{k}-{j}") for j in range(N_OWN)] for k in range(N_PROC)}
-    db = f"sqlite:///{tmp_path / 'queue.db'}"
     ReviewStore(db).close()  # schema first, so the race is about rows, not DDL
     go = tmp_path / "go"
     procs = [spawn("race", db, str(go), f"w{k}", *own[k], *shared) for k in range(N_PROC)]
@@ -82,8 +98,7 @@ def test_eight_processes_submit_and_review_without_loss_or_duplicates(repo, tmp_
             assert [t.to_state for t in it.transitions] == ["queued", "rejected"]
 
 
-def test_kill_inside_a_write_transaction_leaves_store_consistent(repo, tmp_path):
-    db = f"sqlite:///{tmp_path / 'queue.db'}"
+def test_kill_inside_a_write_transaction_leaves_store_consistent(repo, tmp_path, db):
     store = ReviewStore(db)
     before, _ = store.add(result_id="committed", result_path="/x", result_sha256="1" * 64, task_id="t", branch="b",
                           base_commit="a" * 40, candidate_commit="c" * 40, target_branch="main", who="me")
@@ -109,8 +124,7 @@ def test_kill_inside_a_write_transaction_leaves_store_consistent(repo, tmp_path)
 
 
 @pytest.mark.slow
-def test_kill_at_random_moments_of_a_busy_writer(repo, tmp_path):
-    db = f"sqlite:///{tmp_path / 'queue.db'}"
+def test_kill_at_random_moments_of_a_busy_writer(repo, tmp_path, db):
     store = ReviewStore(db)
     seen = 0
     for round_, delay_s in enumerate((0.05, 0.13, 0.21)):

@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guards.base import Guard
 from workbench.agents.base import AgentBackend, AttemptContext, AttemptOutcome, TokenUsage
@@ -30,6 +30,9 @@ from workbench.agents.brief import render_brief, render_feedback
 from workbench.errors import Interrupted
 from workbench.results import RunResult, now_utc
 from workbench.worktree import AgentWorktree, Candidate, commit_attempt, create_agent_worktree, open_repo, state_dir
+
+if TYPE_CHECKING:
+    from workbench.pool import Pool
 
 logger = logging.getLogger("workbench.agents.runner")
 
@@ -118,6 +121,7 @@ def run_agent(
     guards: Sequence[Guard] | None = None,
     measure_baseline: bool = True,
     seeds: Sequence[int] | None = None,
+    pool: Pool | None = None,
 ) -> AgentRunResult:
     """Run attempts of ``backend`` on ``task_id`` until one is accepted or ``attempts`` are used.
 
@@ -131,6 +135,10 @@ def run_agent(
         guards: the guards to judge with (default: the pipeline's).
         measure_baseline: time the standard path for the brief (a few seconds).
         seeds: run-time seeds per attempt (tests only; default: fresh, never a public seed).
+        pool: where each attempt's verdict is judged (``workbench.pool``; ``None``: in this process). The
+            loop waits for each verdict before the next attempt, so its feedback is unchanged; with a
+            remote pool ``device`` is what the pool's machines have, and the baseline for the brief is
+            measured here only when this machine has that device.
 
     Returns:
         The run; its record is also written to ``.workbench/runs/<task>-<n>.json``.
@@ -152,7 +160,13 @@ def run_agent(
     if seeds is not None:
         if len(seeds) < attempts or set(seeds) & set(task.correctness.public_seeds):
             raise ValueError("seeds: need one per attempt, none of them a public seed.")
-    dev = detect_device(device)
+    dev = detect_device(device) if pool is None else pool.detect_device(device)
+    if measure_baseline and pool is not None and dev == "cuda":
+        try:
+            detect_device("cuda")
+        except ValueError:
+            logger.info("no CUDA device here: the brief has no baseline timing (the pool judges on cuda)")
+            measure_baseline = False
     preflight = getattr(backend, "preflight", None)
     if preflight is not None:  # e.g. the command's program exists: checked before a worktree or branch exists
         preflight()
@@ -203,7 +217,7 @@ def run_agent(
                              base_commit=awt.base_commit, candidate_commit=sha)
             result, path = judge_candidate(
                 root, task, cand, device=dev, seed=seed, guards=guards, agent=f"{backend.label} attempt {k}/{attempts}",
-                transcript_path=str(transcript), attempt=k,
+                transcript_path=str(transcript), attempt=k, pool=pool,
                 command=f"workbench verify {task_id} --branch {sha} --base {awt.base_commit[:12]} --device {dev} --seed {seed}")
             bad = result.first_failure()
             run.attempts.append(AttemptRecord(

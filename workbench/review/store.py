@@ -1,7 +1,8 @@
 """The review queue's store: one row per submitted candidate plus an append-only transition log.
 
-SQLAlchemy 2.x. The default is SQLite in WAL mode under ``.workbench/queue.db``; any SQLAlchemy URL
-(e.g. ``postgresql+psycopg://...``) works for a team. Every state change is a compare-and-set
+SQLAlchemy 2.x. The default is SQLite in WAL mode under ``.workbench/queue.db``; a team shares one on
+PostgreSQL (``postgresql+psycopg://USER@HOST:PORT/DB``, the ``pool`` extra installs psycopg). The schema
+comes from Alembic migrations (:mod:`workbench.review.migrate`), applied when a store is opened. Every state change is a compare-and-set
 (``UPDATE ... WHERE state = <expected>``) in the same transaction as its log row, so two reviewers
 racing on one candidate produce exactly one transition and a killed process leaves either both
 or neither.
@@ -61,6 +62,10 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 
 class _Base(DeclarativeBase):
     pass
+
+
+metadata = _Base.metadata
+"""The tables as the ORM sees them (the migrations' ``target_metadata``; they create the tables)."""
 
 
 class ReviewItem(_Base):
@@ -183,6 +188,14 @@ def _check_sqlite_path(url: str, *, create: bool) -> None:
             f"check the --db path (or ${DB_ENV}); `workbench review submit` or an accepted run creates a queue.")
 
 
+def _shown(url: str) -> str:
+    """``url`` without its password (error messages)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 class ReviewStore:
     """The queue: submit, list, get, and compare-and-set transitions.
 
@@ -204,11 +217,15 @@ class ReviewStore:
                 url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S} if is_sqlite else {})
             if is_sqlite:
                 _sqlite_pragmas(self.engine)
-            _Base.metadata.create_all(self.engine)
+            from workbench.review.migrate import upgrade
+
+            upgrade(self.engine)
         except (ArgumentError, OperationalError, ImportError) as exc:
             raise ReviewInputError(
-                f"Review store {url!r}: cannot open it ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-                f"give a SQLAlchemy URL such as sqlite:///path/queue.db via --db or ${DB_ENV}."
+                f"Review store {_shown(url)!r}: cannot open it ({type(exc).__name__}: "
+                f"{(str(exc).strip().splitlines() or [''])[0]}); give a SQLAlchemy URL such as "
+                f"sqlite:///path/queue.db or postgresql+psycopg://USER@HOST:PORT/DB (pip install -e '.[pool]' for "
+                f"psycopg) via --db or ${DB_ENV}, and check that its server is up."
             ) from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -309,7 +326,9 @@ class ReviewStore:
                               f"{', '.join(sorted(s.value for s in TRANSITIONS[bad[0]])) or 'none (final)'}.")
         at = now_utc_us()
         with self.session() as s:
-            current = s.get(ReviewItem, item_id)
+            # FOR UPDATE: on PostgreSQL a racing reviewer waits here and then reads the state it left (SQLite's
+            # BEGIN IMMEDIATE serializes the whole transaction already; its dialect renders no FOR UPDATE)
+            current = s.get(ReviewItem, item_id, with_for_update=True)
             if current is None:
                 raise ReviewInputError(
                     f"Review item {item_id} does not exist in {self.url}; `workbench review list` shows the ids.")

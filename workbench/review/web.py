@@ -1,6 +1,7 @@
 """The review web UI: FastAPI with server-rendered Jinja2 templates (no JavaScript needed).
 
-Pages: ``/`` the queue; ``/items/{id}`` one candidate (task and declared scope, verdicts with
+Pages: ``/`` the queue; ``/pool`` the pool's progress (each verdict queued, running, done or error;
+``workbench.pool``); ``/items/{id}`` one candidate (task and declared scope, verdicts with
 evidence, perf table and speedup-vs-batch plot, the diff, the dispatch trace, the agent transcript,
 the reproduce command, approve/reject forms, the transition history). A result with SKIP verdicts
 ("accepted, not judged") gets a banner naming each unjudged guard and why, its row in the queue says
@@ -94,6 +95,13 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
         return templates.TemplateResponse(request, "queue.html", {
             "items": items, "judged": {it.id: judged(it) for it in items}, "counts": store.counts(),
             "state": state, "states": [s.value for s in State], "db": store.url})
+
+    @app.get("/pool", response_class=HTMLResponse)
+    def pool(request: Request):
+        from workbench.pool import read_boards
+
+        return templates.TemplateResponse(request, "pool.html", {
+            "boards": read_boards(root), "states": [s.value for s in State]})
 
     @app.get("/items/{item_id}", response_class=HTMLResponse)
     def candidate(request: Request, item_id: int, msg: str | None = None, level: str = "ok"):
