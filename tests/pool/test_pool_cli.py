@@ -119,3 +119,33 @@ def test_open_pool_local_is_the_default():
     assert open_pool(None).spec == open_pool("").spec == open_pool(" local ").spec == "local"
     with pytest.raises(PoolError):
         open_pool("ray:/x")
+
+
+def test_a_pool_worker_judges_by_the_base_commits_task_spec_not_the_candidates(repo, tmp_path):
+    """Trust: the worker's checkout is the candidate's tree; a candidate that widens its task's
+    allowed_paths in task.toml must still be judged by the base's spec (as a local run reads the
+    maintainer's checkout), so the isolation guard fails it."""
+    pytest.importorskip("ray")
+    import subprocess
+
+    from guards.isolation import IsolationGuard
+    from guards.verdict import Status
+    from workbench.pool.ray_pool import JudgeRequest, judge_in_worker, make_bundle
+    from workbench.worktree import create_candidate
+
+    overlay = tmp_path / "widen"
+    spec = overlay / "tasks/k3_moe_dispatch/task.toml"
+    spec.parent.mkdir(parents=True)
+    text = (repo / "tasks/k3_moe_dispatch/task.toml").read_text()
+    assert 'allowed_paths = ["k3_model/kernels/moe_dispatch/**"]' in text
+    spec.write_text(text.replace('allowed_paths = ["k3_model/kernels/moe_dispatch/**"]',
+                                 'allowed_paths = ["k3_model/kernels/moe_dispatch/**", "tasks/**"]'))
+    cand = create_candidate(repo, "k3_moe_dispatch", str(overlay))
+    req = JudgeRequest(label="widen", task_id="k3_moe_dispatch", bundle=make_bundle(repo, cand, "widen"),
+                       source=cand.source, kind=cand.kind, branch=cand.branch, base_commit=cand.base_commit,
+                       candidate_commit=cand.candidate_commit, device="cpu", world_size=1, seed=1,
+                       guards=(IsolationGuard(),))
+    phase = judge_in_worker(req, None)
+    (v,) = phase.verdicts
+    assert v.status is Status.FAIL and "tasks/k3_moe_dispatch/task.toml" in v.summary, v.summary
+    assert subprocess.run(["git", "-C", str(repo), "status", "--short"], capture_output=True, text=True).stdout == ""

@@ -135,7 +135,9 @@ def refuse_without_device(device: str, world_size: int, *, node: str, cuda_count
 
 
 def judge_in_worker(request: JudgeRequest, started) -> object:
-    """The Ray task's body: report the start, refuse a missing device, clone the bundle, run the guards phase.
+    """The Ray task's body: report the start, refuse a missing device, check out the bundle's base commit
+    (the maintainer's side: task spec, reference, baseline) and the candidate in a worktree of it, run the
+    guards phase.
 
     Args:
         request: the verdict.
@@ -159,16 +161,21 @@ def judge_in_worker(request: JudgeRequest, started) -> object:
     from workbench.worktree import Candidate
 
     with tempfile.TemporaryDirectory(prefix="workbench-pool-") as tmp:
-        bundle, repo = Path(tmp) / "candidate.bundle", Path(tmp) / "repo"
+        # The maintainer's side (the task spec, its reference and inputs, the baseline) comes from the base
+        # commit, as it comes from the maintainer's checkout in a local run; the candidate gets its own
+        # worktree. A candidate that edits tasks/<id>/task.toml (its allowed paths) or reference.py is
+        # judged by the base's spec, and the isolation guard sees those paths changed.
+        bundle, repo, wt = Path(tmp) / "candidate.bundle", Path(tmp) / "repo", Path(tmp) / "candidate"
         bundle.write_bytes(request.bundle)
         for cmd in (["init", "-q", str(repo)],
                     ["-C", str(repo), "fetch", "-q", str(bundle), "refs/workbench-pool/*:refs/workbench-pool/*"],
-                    ["-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", request.candidate_commit]):
+                    ["-C", str(repo), "-c", "advice.detachedHead=false", "checkout", "-q", request.base_commit],
+                    ["-C", str(repo), "worktree", "add", "-q", "--detach", str(wt), request.candidate_commit]):
             done = subprocess.run(["git", *cmd], capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"Pool worker on node {node}: git {' '.join(cmd[2:] if cmd[0] == '-C' else cmd)} "
                                    f"failed: {done.stderr.strip()}")
-        cand = Candidate(source=request.source, kind=request.kind, branch=request.branch, worktree=repo,
+        cand = Candidate(source=request.source, kind=request.kind, branch=request.branch, worktree=wt,
                          base_commit=request.base_commit, candidate_commit=request.candidate_commit)
         return run_guards_phase(repo, load_task(repo, request.task_id), cand, device=request.device,
                                 seed=request.seed, guards=request.guards)
