@@ -149,3 +149,39 @@ def test_a_pool_worker_judges_by_the_base_commits_task_spec_not_the_candidates(r
     (v,) = phase.verdicts
     assert v.status is Status.FAIL and "tasks/k3_moe_dispatch/task.toml" in v.summary, v.summary
     assert subprocess.run(["git", "-C", str(repo), "status", "--short"], capture_output=True, text=True).stdout == ""
+
+
+def test_a_ray_client_connect_aborted_by_a_busy_head_is_retried_then_reported(monkeypatch):
+    import types
+
+    import workbench.pool.ray_pool as rp
+
+    monkeypatch.setattr(rp, "CONNECT_BACKOFF_S", 0.0)
+    calls = []
+
+    def flaky(*args, **kw):
+        calls.append(kw["address"])
+        if len(calls) < 3:
+            raise ConnectionAbortedError("Initialization failure from server:")
+        return "ctx"
+
+    assert rp._connect(types.SimpleNamespace(init=flaky), "ray://127.0.0.1:1") == "ctx"
+    assert calls == ["ray://127.0.0.1:1"] * 3
+
+    def always_aborted(**kw):
+        calls.append(kw["address"])
+        raise ConnectionAbortedError("Initialization failure from server:")
+
+    calls.clear()
+    with pytest.raises(ConnectionAbortedError):
+        rp._connect(types.SimpleNamespace(init=always_aborted), "ray://127.0.0.1:1")
+    assert len(calls) == rp.CONNECT_ATTEMPTS  # bounded
+
+    def version_mismatch(**kw):
+        calls.append(kw["address"])
+        raise RuntimeError("Version mismatch")
+
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        rp._connect(types.SimpleNamespace(init=version_mismatch), "ray://127.0.0.1:1")
+    assert calls == ["ray://127.0.0.1:1"]  # any other error is final at once

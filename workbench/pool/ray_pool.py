@@ -42,6 +42,12 @@ logger = logging.getLogger("workbench.pool.ray")
 CONNECT_TIMEOUT_S = 5.0
 """How long a TCP connect to the Ray Client port may take before the pool is called unreachable (seconds).
 Source: a local connect answers in well under 1 ms; 5 s covers a remote head across a slow network."""
+CONNECT_ATTEMPTS = 3
+CONNECT_BACKOFF_S = 2.0
+"""Ray Client connects tried (count) and the wait before the next (seconds, doubled each time) when the
+server answers "Initialization failure from server" (ConnectionAbortedError): the head starts a server
+process per client and on a busy machine that start can outlast the first handshake (seen on the 2-core
+CI machine under the test suite's load, 2026-12-03). Any other error is final at once."""
 POLL_S = 0.5
 """How often the caller checks a submitted verdict's progress (seconds)."""
 
@@ -213,6 +219,29 @@ def _check_reachable(address: str) -> None:
                         ) from None
 
 
+def _connect(ray, address: str):
+    """``ray.init`` on ``address``, tried up to :data:`CONNECT_ATTEMPTS` times while the server aborts the
+    handshake (ConnectionAbortedError), waiting :data:`CONNECT_BACKOFF_S` (doubled each time) between.
+
+    Returns:
+        Ray's client context.
+
+    Raises:
+        ConnectionAbortedError: the last attempt was aborted too; any other exception of ``ray.init`` at once.
+    """
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        try:
+            return ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except ConnectionAbortedError as exc:
+            if attempt == CONNECT_ATTEMPTS:
+                raise
+            wait = CONNECT_BACKOFF_S * 2 ** (attempt - 1)
+            logger.warning("pool %s: Ray Client connect %d of %d aborted by the server (%s); retrying in %.0f s",
+                           address, attempt, CONNECT_ATTEMPTS, str(exc).splitlines()[0] if str(exc) else "", wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable: CONNECT_ATTEMPTS >= 1")
+
+
 class RayPool:
     """Verdicts as Ray tasks on a cluster reached through Ray Client.
 
@@ -238,7 +267,7 @@ class RayPool:
                             "(pip install -e '.[pool]') or use --pool local.") from None
         self._ray = ray
         try:
-            self._ctx = ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            self._ctx = _connect(ray, address)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, grpc errors: all mean "cannot use it"
             raise PoolError(f"--pool {address}: Ray could not connect ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0] if str(exc) else ''}); check that the address is the "
