@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from review_helpers import REVIEWER, Repo, git
+from review_helpers import REVIEWER, Repo, fresh_postgres_db, git
 
 from tests.conftest import expecting_gain, set_aside_merged_kernels
 
@@ -59,3 +59,13 @@ def repo(template_repo: Repo, tmp_path: Path, monkeypatch) -> Repo:
     git(root, "worktree", "prune")
     rel = lambda p: root / p.relative_to(src)  # noqa: E731
     return Repo(root, rel(template_repo.accepted), rel(template_repo.rejected))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path):
+    """A new, empty queue's URL: a SQLite file, or a fresh database on the test PostgreSQL server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'queue.db'}"
+    else:
+        with fresh_postgres_db() as url:
+            yield url

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from review_helpers import fresh_postgres_db
 
 from workbench.results import read_result, write_result
 from workbench.review.store import ReviewStore
@@ -27,16 +26,6 @@ def spawn(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(PROJECT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, str(WORKER), *args], cwd=PROJECT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request, tmp_path):
-    """A new, empty queue's URL: a SQLite file, or a fresh database on the test PostgreSQL server."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'queue.db'}"
-    else:
-        with fresh_postgres_db() as url:
-            yield url
 
 
 def check_consistent(store: ReviewStore) -> list:

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from review_helpers import add_item, fresh_postgres_db, make_checkout
 from sqlalchemy import create_engine, inspect
 from typer.testing import CliRunner
@@ -20,15 +19,6 @@ from workbench.review.store import ReviewStore, metadata
 
 PROJECT = Path(__file__).resolve().parents[2]
 TABLES = {"review_items", "review_transitions", "alembic_version"}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'queue.db'}"
-    else:
-        with fresh_postgres_db() as url:
-            yield url
 
 
 def test_a_new_queue_is_made_by_the_migrations(db):
