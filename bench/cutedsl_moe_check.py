@@ -1,6 +1,10 @@
 """Check and time the CuTe DSL ``k3_moe_dispatch`` kernel against the task's checker and the Triton kernel.
 
-    python3 bench/cutedsl_moe_check.py OUT.json [--seeds 3] [--draws 32] [--reps 200]
+    python3 bench/cutedsl_moe_check.py OUT.json [--seeds 3] [--draws 32] [--reps 200] [--also NAME=PATH ...]
+
+``--also NAME=PATH`` times one more CuTe DSL kernel module (a ``launch`` function with the same
+arguments, e.g. an earlier version from git history) beside the two fixtures, after its own
+correctness check (the comparison in a result file names every version it timed).
 
 On one CUDA device, in this order (the JSON holds every number; the last lines printed are a table):
 
@@ -169,6 +173,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--draws", type=int, default=32)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=PATH")
     a = ap.parse_args()
     from kernels import cutedsl
     from workbench import env
@@ -186,7 +191,20 @@ def main() -> int:
     bad = [r for r in result["correctness"] if r["msgs"]]
     result["capture"] = capture(cute_mod, inp, ref, task)
     result["compile"] = cutedsl.compile_report()
-    result["timing"] = timing({"cutedsl": cute_mod.launch, "triton": triton_mod.launch}, inp, a.reps)
+    kernels = {"cutedsl": cute_mod.launch, "triton": triton_mod.launch}
+    for spec in a.also:
+        name, _, path = spec.partition("=")
+        try:
+            mod = _load(f"moe_also_{name}", Path(path))
+            rows = correctness(mod, inp, ref, task, 1, 8)
+        except Exception as exc:  # a variant that does not build or launch is reported and left out
+            result[f"correctness_{name}"] = f"{type(exc).__name__}: {exc}"[:2000]
+            print(f"{name}: left out ({type(exc).__name__}: {str(exc)[:300]})")
+            continue
+        result[f"correctness_{name}"] = rows
+        print(f"{name}: {sum(not r['msgs'] for r in rows)} of {len(rows)} configurations clean")
+        kernels[name] = mod.launch
+    result["timing"] = timing(kernels, inp, a.reps)
     Path(a.out).write_text(json.dumps(result, indent=1, default=str))
     print(f"correctness: {len(result['correctness']) - len(bad)} of {len(result['correctness'])} configurations clean")
     for r in bad[:10]:
@@ -194,10 +212,12 @@ def main() -> int:
     print("capture:", result["capture"])
     c = result["compile"]
     print(f"compiles: {len(c['compiles'])} keys, {c['compile_s']:.1f} s in all")
-    print("T | tiny graph | cutedsl graph | triton graph | cutedsl host | triton host (us)")
+    names = list(kernels)
+    print("T | tiny graph | " + " | ".join(f"{n} graph" for n in names) + " | " + " | ".join(f"{n} host" for n in names) + " (us)")
     for r in result["timing"]:
         g, h = r["graph_us"], r["host_call_us"]
-        print(f"{r['T']} | {g['tiny_kernel']:.1f} | {g['cutedsl']:.1f} | {g['triton']:.1f} | {h['cutedsl']:.1f} | {h['triton']:.1f}")
+        print(f"{r['T']} | {g['tiny_kernel']:.1f} | " + " | ".join(f"{g[n]:.1f}" for n in names) + " | "
+              + " | ".join(f"{h[n]:.1f}" for n in names))
     return 1 if bad or result["capture"]["replay_msgs"] or result["capture"]["unwritten"] else 0
 
 

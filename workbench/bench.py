@@ -12,10 +12,14 @@ timed with the one harness in :mod:`kernels.timing` (CUDA events, L2 flushed, in
   latency_specialized``), eager and replayed as a CUDA graph.
 
 Each graph is checked to rewrite its outputs (poisoned before a replay) and, for the kernel, to
-recompute them on new inputs (the task's checker against its reference). Per configuration: medians (us), speedups, the physical floor
-``max(min bytes / measured copy bandwidth, one launch)`` and % of it reached. The measurement runs in a
-child process rooted at the candidate's worktree (so its ``k3_model`` is imported, never into the
-workbench process); the parent writes ``<task>.json`` and ``<task>.png`` with the environment.
+recompute them on new inputs (the task's checker against its reference). Library peers the task declares
+(``tasks/<id>/peers.py``, :mod:`workbench.peers`) are timed the same way, graph-replayed and interleaved
+with the kernel's graph (``peer_<name>_graph_us``, ``kernel_vs_<name>`` = peer / kernel); the result's
+``peers`` lists each with its version and what it covers, or why it did not run. Per configuration:
+medians (us), speedups, the physical floor ``max(min bytes / measured copy bandwidth, one launch)`` and
+% of it reached. The measurement runs in a child process rooted at the candidate's worktree (so its
+``k3_model`` is imported, never into the workbench process); the parent writes ``<task>.json`` and
+``<task>.png`` with the environment.
 
 Source: issue 3 "Benchmarks" and "Targets".
 """
@@ -208,6 +212,10 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
     mod_name, fn_name = task.target.split(":")
     import importlib
 
+    from workbench.peers import task_peers
+
+    peers = task_peers(task)
+    peer_info = [p.describe() for p in peers]
     op = getattr(importlib.import_module(mod_name), fn_name)
     compiled = torch.compile(op, dynamic=True) if args["compile"] else None
     lim = timing.device_limits()
@@ -271,6 +279,22 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
             row["standard_compile_us"] = med(comp.baseline.samples_us)
             row["samples_us"]["standard_compile"] = comp.baseline.samples_us
             row["speedup_vs_compile"] = row["standard_compile_us"] / row["kernel_eager_us"]
+        row["peers_not_run"] = {}
+        for peer, info in zip(peers, peer_info):
+            why = info["reason"] or peer.applies(axes, case.kwargs)
+            if why is None:
+                try:
+                    pt = timing.time_pair(peer.build(inputs, case.kwargs), ker, device="cuda", warmup=10,
+                                          repetitions=reps, cuda_graph=True,
+                                          outputs={"candidate": list(o_ker.values())})
+                except Exception as exc:  # a peer that fails here is reported, never the bench's failure
+                    why = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
+                else:
+                    row[f"peer_{peer.name}_graph_us"] = med(pt.baseline.samples_us)
+                    row["samples_us"][f"peer_{peer.name}_graph"] = pt.baseline.samples_us
+                    row[f"kernel_vs_{peer.name}"] = med(pt.baseline.samples_us) / med(pt.candidate.samples_us)
+            if why is not None:
+                row["peers_not_run"][peer.name] = why
         nbytes = timing.min_bytes([*inputs.values(), *o_ker.values()])
         row["min_bytes"] = nbytes
         row["floor_eager_us"] = timing.floor_us(nbytes, bandwidth_gbps=lim.copy_gbps, launch_us=lim.launch_us)
@@ -281,9 +305,13 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
         print(f"T={T:3d} std eager {row['standard_eager_us']:7.1f} graph {row['standard_graph_us']:6.1f} "
               f"compile {row.get('standard_compile_us', float('nan')):7.1f} | kernel eager {row['kernel_eager_us']:6.1f} "
               f"graph {row['kernel_graph_us']:6.1f} | x{row['speedup_vs_graph']:.2f} vs graph, "
-              f"{row['kernel_graph_pct_of_floor']:.0f}% of floor", flush=True)
+              f"{row['kernel_graph_pct_of_floor']:.0f}% of floor"
+              + "".join(f" | {p.name} graph {row[f'peer_{p.name}_graph_us']:6.1f}" for p in peers
+                        if f"peer_{p.name}_graph_us" in row), flush=True)
     return {"schema": "workbench-bench/1", "task_id": task.task_id, "workload": template.name,
-            "candidate": args.get("candidate"), "variants": list(VARIANTS), "device_limits": lim.to_dict(),
+            "candidate": args.get("candidate"),
+            "variants": [*VARIANTS, *(f"peer_{p.name}_graph" for p in peers)], "peers": peer_info,
+            "device_limits": lim.to_dict(),
             "timing": {"repetitions": int(args["repetitions"]), "flush_l2": True, "interleaved": True,
                        "timer": "cuda_event", "statistic": "median"},
             "environment": envmod.collect("cuda"), "rows": rows}

@@ -1,0 +1,62 @@
+"""Library peers for ``workbench bench`` (workbench/peers.py, tasks/*/peers.py): declaration, discovery,
+the not-run reasons and the configurations a peer cannot run. The timing itself needs CUDA (bench)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+
+from workbench.peers import Peer, task_peers
+from workbench.taskspec import load_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _noop_build(inputs, kwargs):
+    return lambda: None
+
+
+def test_moe_declares_quack_and_flashinfer_and_says_why_they_do_not_run_here():
+    peers = task_peers(load_task(ROOT, "k3_moe_dispatch"))
+    assert [p.name for p in peers] == ["quack_topk", "flashinfer_routing"]
+    info = {p.name: p.describe() for p in peers}
+    assert info["quack_topk"]["distribution"] == "quack-kernels"
+    assert "no block alignment" in info["quack_topk"]["covers"]
+    pytest.importorskip("torch")
+    try:
+        import quack.topk  # noqa: F401
+    except Exception:
+        assert info["quack_topk"]["status"] == "not run"
+        assert info["quack_topk"]["reason"].startswith("quack-kernels is not importable here")
+        assert "pip install -e '.[peers]'" in info["quack_topk"]["reason"]
+    else:
+        assert info["quack_topk"] == {**info["quack_topk"], "status": "run", "reason": None}
+
+
+def test_quack_peer_refuses_configurations_it_cannot_compute():
+    peers = {p.name: p for p in task_peers(load_task(ROOT, "k3_moe_dispatch"))}
+    q = peers["quack_topk"]
+    ok = {"n_group": 1, "top_k": 16}
+    assert q.applies({"E": 896}, ok) is None
+    assert "G > 1" in q.applies({"E": 896}, {"n_group": 8, "top_k": 16})
+    assert "power-of-two k" in q.applies({"E": 896}, {"n_group": 1, "top_k": 6})
+    assert "4096" in q.applies({"E": 5000}, ok)
+
+
+def test_a_task_without_peers_has_none_and_a_bad_declaration_is_named(tmp_path):
+    assert task_peers(types.SimpleNamespace(root=str(tmp_path), task_id="nopeers")) == []
+    (tmp_path / "peers.py").write_text("PEERS = ['not a peer']\n")
+    with pytest.raises(TypeError, match=r"peers\.py: PEERS must be a list of workbench\.peers\.Peer; got list"):
+        task_peers(types.SimpleNamespace(root=str(tmp_path), task_id="badpeers"))
+
+
+def test_peer_names_become_result_keys_so_odd_names_are_refused():
+    with pytest.raises(ValueError, match="letters, digits and '_'"):
+        Peer(name="flash-infer", distribution="x", module="x", covers="x", build=_noop_build)
+    p = Peer(name="lib_a1", distribution="surely-not-installed-dist", module="surely_not_a_module_here",
+             covers="all", build=_noop_build)
+    d = p.describe()
+    assert d["status"] == "not run" and d["version"] is None
+    assert "surely-not-installed-dist is not importable here (ModuleNotFoundError" in d["reason"]
