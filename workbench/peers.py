@@ -34,6 +34,8 @@ class Peer:
         build: ``build(inputs, kwargs) -> PeerCall``: inputs are the case's CUDA tensors (the kernel's
             own inputs, names as in the task's reference), kwargs the op's keyword arguments; the
             returned callable allocates nothing that the first call did not (a CUDA graph captures it).
+            ``None``: the peer is declared for the record but has no adapter yet (``note`` says why);
+            it is listed as not run.
         applies: ``applies(axes, kwargs) -> str | None``: why the peer cannot run this configuration
             (e.g. a power-of-two size it needs), or ``None`` when it can.
     """
@@ -42,15 +44,18 @@ class Peer:
     distribution: str
     module: str
     covers: str
-    build: Callable[[Mapping[str, Any], Mapping[str, Any]], PeerCall]
+    build: Callable[[Mapping[str, Any], Mapping[str, Any]], PeerCall] | None
     applies: Callable[[Mapping[str, int], Mapping[str, Any]], str | None] = lambda axes, kwargs: None
+    note: str = ""
 
     def __post_init__(self) -> None:
         if not self.name.replace("_", "").isalnum() or not self.name.isascii():
             raise ValueError(f"Peer name {self.name!r}: use letters, digits and '_' (it becomes a result key).")
 
     def missing(self) -> str | None:
-        """Why the peer cannot run here (its module does not import), or ``None`` (never raises)."""
+        """Why the peer cannot run here (no adapter, or its module does not import), or ``None`` (never raises)."""
+        if self.build is None:
+            return f"no adapter written yet: {self.note or 'see the task peers.py'}"
         try:
             importlib.import_module(self.module)
         except Exception as exc:  # an ImportError, or a library that fails on import without a GPU

@@ -2,8 +2,8 @@
 
 - ``quack_topk``: quack's CuTe DSL top-k (``quack.topk``) on the biased scores, the scores and the
   weights in torch: the routing half of the op only (no block alignment), ungrouped (G = 1).
-- ``flashinfer_routing``: FlashInfer's fused DeepSeek-style routing (``flashinfer.fused_moe``), where
-  it imports (it JIT-compiles with nvcc on first use).
+- ``flashinfer_routing``: FlashInfer's fused DeepSeek-style routing (``flashinfer.fused_moe``): declared,
+  no adapter yet (listed as not run, with the reason).
 
 Source: issue 13 item 4; quack-kernels ``quack/topk.py`` (``_topk_fwd(x, k, softmax, values, indices)``:
 power-of-two N <= 4096 and k <= 128, fp32 allowed); kernel_targets.md §3.1 (routing semantics).
@@ -64,11 +64,6 @@ def _quack_build(inputs: Mapping[str, Any], kwargs: Mapping[str, Any]):
     return call
 
 
-def _flashinfer_build(inputs: Mapping[str, Any], kwargs: Mapping[str, Any]):
-    raise RuntimeError("flashinfer_routing: no build here yet; FlashInfer was never importable on the "
-                       "project's H200 (no package registry there, a 101 MB wheel that JIT-compiles with nvcc)")
-
-
 PEERS = [
     Peer(name="quack_topk", distribution="quack-kernels", module="quack.topk",
          covers="routing only: sigmoid + bias and the weights in torch, top-k by quack (CuTe DSL); "
@@ -76,5 +71,6 @@ PEERS = [
          build=_quack_build, applies=_quack_applies),
     Peer(name="flashinfer_routing", distribution="flashinfer-python", module="flashinfer.fused_moe",
          covers="FlashInfer's fused DeepSeek-style routing (top-k and weights; no block alignment)",
-         build=_flashinfer_build, applies=lambda axes, kwargs: "no build written yet (see peers.py)"),
+         build=None, note="FlashInfer never imported on the project's H200 (no package registry there; a 101 MB "
+                          "wheel that JIT-compiles its kernels with nvcc on first use)"),
 ]

@@ -52,6 +52,14 @@ def test_a_task_without_peers_has_none_and_a_bad_declaration_is_named(tmp_path):
         task_peers(types.SimpleNamespace(root=str(tmp_path), task_id="badpeers"))
 
 
+def test_a_declared_peer_without_adapter_is_listed_as_not_run_with_its_note():
+    peers = task_peers(load_task(ROOT, "k3_dspark_verify"))
+    assert [p.name for p in peers] == ["flashinfer_chain_speculative"]
+    d = peers[0].describe()
+    assert d["status"] == "not run"
+    assert d["reason"].startswith("no adapter written yet: FlashInfer never imported on the project's H200")
+
+
 def test_peer_names_become_result_keys_so_odd_names_are_refused():
     with pytest.raises(ValueError, match="letters, digits and '_'"):
         Peer(name="flash-infer", distribution="x", module="x", covers="x", build=_noop_build)
