@@ -37,6 +37,8 @@ class PerfStatus(StrEnum):
         RAISED ``raised``: a timed call raised or failed a runtime check.
         COMPILED_TIMED ``compiled_timed``: CUDA; the candidate compiled a CuTe DSL kernel inside a timed
             call (compile once per compile-time key during warm-up: ``kernels.cutedsl.CompileCache``).
+        MEAN_REGRESSION ``mean_regression``: slower on average (wall clock, every call counted at its
+            size): slow on a minority of calls, or waiting off-CPU on some, where the median is unmoved.
     """
 
     GAIN = "gain"
@@ -52,6 +54,7 @@ class PerfStatus(StrEnum):
     WAITS = "waits"
     RAISED = "raised"
     COMPILED_TIMED = "compiled_timed"
+    MEAN_REGRESSION = "mean_regression"
 
     @property
     def failing(self) -> bool:
@@ -62,7 +65,7 @@ class PerfStatus(StrEnum):
     def load_sensitive(self) -> bool:
         """Whether load from other processes on a shared machine can cause this status (it is re-measured
         before it fails, ``guards.perf.PERF_EXTENSION_ROUNDS``, and flagged when the machine was loaded)."""
-        return self in (PerfStatus.REGRESSION, PerfStatus.NO_GAIN, PerfStatus.WAITS)
+        return self in (PerfStatus.REGRESSION, PerfStatus.NO_GAIN, PerfStatus.WAITS, PerfStatus.MEAN_REGRESSION)
 
     @property
     def timing_only(self) -> bool:
@@ -83,8 +86,10 @@ class PerfStatus(StrEnum):
             min_speedup: the task's required speedup (ratio), named by ``no_gain``.
         """
         impl = r.get("implementation", "")
+        late = (f" when timed again late (after {r.get('late_recheck_gap')} more untimed calls)"
+                if "late recheck" in impl else "")
         return {
-            PerfStatus.REGRESSION: f"slower than the baseline ({r.get('baseline_implementation', 'standard')})",
+            PerfStatus.REGRESSION: f"slower than the baseline ({r.get('baseline_implementation', 'standard')}){late}",
             PerfStatus.BELOW_FLOOR: f"faster than physically possible (floor {r.get('floor_us') or 0:.1f} us)",
             PerfStatus.SIDE_STREAM: f"leaving work outside its timed window ({r.get('tail_excess_us') or 0:.1f} us "
                                     "longer tail than the baseline)",
@@ -97,6 +102,8 @@ class PerfStatus(StrEnum):
             PerfStatus.RAISED: f"failing while timed [{impl}]",
             PerfStatus.COMPILED_TIMED: f"compiled inside a timed call [{impl}]",
             PerfStatus.NO_GAIN: f"no real gain (need >= {min_speedup}x with the interval above 1)",
+            PerfStatus.MEAN_REGRESSION: f"slower on average ({r.get('mean_ratio') or 0:.2f}x the baseline's mean time per "
+                                        "call, wall clock: some calls slow or waiting, the median unmoved)" + late,
         }.get(self, self.value)
 
     def problem(self, r: Mapping[str, Any]) -> str | None:
@@ -108,7 +115,8 @@ class PerfStatus(StrEnum):
                 says its timer was tampered with).
             not_claimed: nothing timed (both sides ran the standard path).
             below_floor: a floor (``floor_us``). side_stream: a tail excess (``tail_excess_us``).
-            busy_outside: ``candidate_outside_cpu_us``. waits: ``wait_excess_us``.
+            busy_outside: ``candidate_outside_cpu_us``. waits: ``wait_excess_us``. mean_regression:
+                ``mean_ratio``.
             tampered, wrong_output, raised, compiled_timed: the implementation names the cause in parentheses.
 
         Args:
@@ -128,7 +136,8 @@ class PerfStatus(StrEnum):
         if self is PerfStatus.REGRESSION and not (speedup is not None and speedup < 1.0) and "tamper" not in impl:
             return f"a regression needs speedup < 1 (or a tampered timer named); got {speedup}"
         needs = {PerfStatus.BELOW_FLOOR: "floor_us", PerfStatus.SIDE_STREAM: "tail_excess_us",
-                 PerfStatus.BUSY_OUTSIDE: "candidate_outside_cpu_us", PerfStatus.WAITS: "wait_excess_us"}.get(self)
+                 PerfStatus.BUSY_OUTSIDE: "candidate_outside_cpu_us", PerfStatus.WAITS: "wait_excess_us",
+                 PerfStatus.MEAN_REGRESSION: "mean_ratio"}.get(self)
         if needs is not None and r.get(needs) is None:
             return f"a {self.value} configuration needs {needs}"
         if self in (PerfStatus.TAMPERED, PerfStatus.WRONG_OUTPUT, PerfStatus.RAISED,

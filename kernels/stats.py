@@ -59,6 +59,43 @@ def bootstrap_ratio_ci(
     return float(ratios[lo_i]), float(ratios[hi_i])
 
 
+def bootstrap_mean_ratio_ci(
+    num: Sequence[float], den: Sequence[float], *, confidence: float = 0.99, resamples: int = 1000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``mean(num) / mean(den)`` and its percentile bootstrap interval (samples resampled independently).
+
+    The mean counts every sample at its size: a few slow calls among many fast ones move it, where they
+    leave a median untouched.
+
+    Args:
+        num, den: non-empty samples (e.g. candidate and baseline wall times per call, microseconds).
+        confidence: two-sided level in (0, 1).
+        resamples: bootstrap resamples.
+        seed: RNG seed (the interval is reproducible).
+
+    Returns:
+        ``(ratio, low, high)``.
+
+    Raises:
+        ValueError: an empty sample, or a non-positive mean of ``den``.
+    """
+    import torch
+
+    if not num or not den:
+        raise ValueError("bootstrap_mean_ratio_ci needs two non-empty samples.")
+    a = torch.tensor(list(num), dtype=torch.float64)
+    b = torch.tensor(list(den), dtype=torch.float64)
+    if float(b.mean()) <= 0:
+        raise ValueError(f"bootstrap_mean_ratio_ci: the denominator's mean is {float(b.mean())}, not positive.")
+    g = torch.Generator().manual_seed(seed)
+    ma = a[torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)].mean(dim=1)
+    mb = b[torch.randint(0, b.numel(), (resamples, b.numel()), generator=g)].mean(dim=1)
+    ratios = torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)).sort().values
+    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
+    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
+    return float(a.mean() / b.mean()), float(ratios[lo_i]), float(ratios[hi_i])
+
+
 def bootstrap_median_ci(
     xs: Sequence[float], *, confidence: float = 0.99, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float]:

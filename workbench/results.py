@@ -102,6 +102,9 @@ class PerfResult(_Model):
         wait_excess_us: CPU only; median (wall - CPU) of a candidate call minus the baseline's
             (microseconds); ``waits`` when the candidate spends time off-CPU inside its calls.
         event_median_us: CUDA only; median of the candidate's own CUDA-event samples (second opinion).
+        mean_ratio, mean_ratio_ci: the candidate's mean wall time per call over the baseline's (ratio) and
+            its bootstrap interval; ``mean_regression`` when the interval lies above
+            ``1 + guards.perf.MEAN_SLACK x max_regression_pct / 100``.
         load_avg: the machine's highest 1-minute load average while the configuration was timed
             (runnable processes; with ``cpus``, whether the machine was loaded).
         cpus: the machine's logical CPUs.
@@ -109,6 +112,9 @@ class PerfResult(_Model):
             (count; 1: this judging only; ``workbench.retries``).
         extension_rounds: extra rounds of the task's repetitions timed because a claimed gain's interval
             was inconclusive (count; ``guards.perf.PERF_EXTENSION_ROUNDS`` at most).
+        late_recheck_gap: untimed calls a side before this configuration's late recheck (count), or ``None``
+            when it had none (``guards.perf.PerfGuard._late_rechecks``); the entry's samples are the late
+            window's when that window failed on its own.
         screened: a regression-only configuration cleared on its screening pairs
             (``guards.perf.SCREEN_SHARE`` of the task's repetitions), the rest of its round not timed.
 
@@ -134,8 +140,11 @@ class PerfResult(_Model):
     candidate_outside_cpu_us: float | None = None
     wait_excess_us: float | None = None
     event_median_us: float | None = None
+    mean_ratio: float | None = None
+    mean_ratio_ci: tuple[float, float] | None = None
     extension_rounds: int = 0
     screened: bool = False
+    late_recheck_gap: int | None = None
     pooled_judgings: int = 1
     load_avg: float | None = None
     cpus: int | None = None

@@ -51,10 +51,25 @@ def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
     if T < 2:
         raise ValueError(f"inputs case 'padding_rows' needs T >= 2 (some rows valid, some padding); got T={T}.")
     logits, bias, valid = _realistic(T, E, gen)
-    pad = torch.randperm(T, generator=gen)[: min(T - 1, max(1, T // 4))]
+    counts = padding_counts(T)
+    n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
+    pad = torch.randperm(T, generator=gen)[:n]
     valid[pad] = False
     logits[pad] = padding_garbage(len(pad), E, gen)  # a kernel must ignore it (CUDA-graph padding rows)
     return logits, bias, valid
+
+
+def padding_counts(T: int) -> list[int]:
+    """The padding-row counts the ``padding_rows`` case draws from, uniformly, for a batch of ``T`` rows
+    (``T >= 2``): one row, a quarter, a half and all rows but one, without repeats. A CUDA-graph step is
+    padded up to the next captured batch (vLLM: 9 -> 16, 17 -> 24, 33 -> 48), so anywhere from one row to
+    nearly half of a step is padding, and a kernel may treat "many padding rows" apart (session 12's red
+    team: a kernel that compacts the valid rows when more than a quarter are padding, and dispatches the
+    compacted indices, was accepted while this case padded at most a quarter).
+
+    Source: vLLM's CUDA-graph capture sizes (batch padded to the next size); issue 19 (inputs leave the
+    generators' old ranges)."""
+    return sorted({1, max(1, T // 4), max(1, T // 2), T - 1})
 
 
 def padding_garbage(n: int, E: int, gen: torch.Generator) -> torch.Tensor:
@@ -215,8 +230,8 @@ def make_inputs(axes: Mapping[str, int], seed: int, case: str = "realistic") -> 
 
     Cases: ``realistic`` (skewed expert popularity, correlated tokens, small bias, all rows valid);
     ``group_negative_bias`` (logits [2,1,0,0,-1,-1,-2,-2], bias -1); ``one_expert`` (E=1);
-    ``padding_rows`` (about a quarter of the rows, at least one and never all, invalid with logits
-    holding +-1e30, NaN, +-inf or any bit pattern); ``far_negative`` (valid rows' logits shifted down by
+    ``padding_rows`` (one row, a quarter, a half or all but one of the rows, at random positions, invalid
+    with logits holding +-1e30, NaN, +-inf or any bit pattern: :func:`padding_counts`); ``far_negative`` (valid rows' logits shifted down by
     46-80: tiny normal scores, the bias decides); ``ties`` (logits on 4 levels, bias 0); ``saturated`` (|logits| in [20, 40], small
     nonzero bias decides); ``bias_shift`` (realistic plus one constant of +-2^9..2^14 on the bias);
     ``tiny_scale`` (scores within 1e-3 of 0.5); ``signed_zeros`` (logits +-0.0, the bias decides);

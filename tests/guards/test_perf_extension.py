@@ -56,6 +56,7 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
     ctx.task = task
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 0)
     monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
+    monkeypatch.setattr(perf, "LATE_RECHECKS", 0)  # the rounds' calls alone (the late recheck has its own test)
     calls = []
 
     def always(task, device, rec, claimed, seed):
@@ -156,6 +157,7 @@ def _screen_ctx(project_repo, tmp_path, monkeypatch, name):
         "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 1)
     monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
+    monkeypatch.setattr(perf, "LATE_RECHECKS", 0)  # the screening's calls alone (the late recheck has its own test)
     monkeypatch.setattr(perf, "_fails_on_timings", lambda *a: False)  # time both whatever the load does
     checked = []
     real = perf._every_call_problem
@@ -194,3 +196,93 @@ def test_a_draw_not_cleared_is_timed_in_full(pristine_repo, tmp_path, monkeypatc
     listed, draw = ctx.artifacts.perf
     assert asked == [6] and not draw["screened"] and len(draw["candidate_us"]) == 12
     assert checked[1][1:] == (14, 14) and checked[0][1] == checked[0][2]
+
+
+def _outliers(n: int, speedup: float, seed: int, p: float = 0.01, size: float = 20.0):
+    """Equal-cost interleaved calls with CPU-like noise and rare preemptions (probability ``p`` a call, ``size``
+    times its cost) on either side, as load from other processes makes them."""
+    rng = random.Random(seed)
+    base, cand = _noisy(n, speedup, 0.05, seed)
+    hit = lambda x: x * size if rng.random() < p else x  # noqa: E731
+    return [hit(b) for b in base], [hit(c) for c in cand]
+
+
+def test_a_minority_of_slow_calls_fails_on_the_mean_where_the_median_shows_a_gain(project_repo):
+    """Session 12's red team: fast on 5 calls in 6, a heavy extra pass on the 6th (3.2x slower on average):
+    the median of paired ratios reads a gain; the mean fails it, and neither screening nor an early stop
+    lets it through."""
+    task = load_task(project_repo, "k3_moe_dispatch")
+    base, cand = _noisy(150, 1.25, 0.02, seed=7)
+    cand = [c * 12.0 if i % 6 == 5 else c for i, c in enumerate(cand)]
+    rec = _rec(base, cand)
+    assert perf._classify_rec(task, "cpu", rec, True, 0)["verdict"] == "gain"  # the premise: the median is fooled
+    ratio, (lo, hi), fails = perf._mean_regression(task, "cpu", rec, 0)
+    assert fails and 2.0 < ratio < 2.6 and lo > 1.1, (ratio, lo, hi)
+    assert perf._fails_on_timings(task, "cpu", rec, True, 0)
+    assert perf._needs_another_round(task, "cpu", rec, True, 0).startswith("slower on average (2.")
+    n = perf.screening_repetitions(task.perf.repetitions)
+    assert not perf._cleared_early(task, "cpu", _rec(base[:n], cand[:n]), 0)
+
+
+def test_waits_on_a_minority_of_calls_fail_on_the_mean_where_the_wait_quantile_is_blind(project_repo):
+    """Session 12's red team: a 3 ms off-CPU wait on every 3rd call; the CPU clock shows a gain and the
+    10% quantile of (wall - CPU) is unmoved, the mean of wall time is 4x."""
+    task = load_task(project_repo, "k3_moe_dispatch")
+    base, cand = _noisy(150, 1.2, 0.02, seed=8)
+    rec = _rec(base, cand)
+    rec["candidate"].wall_us = [c + (3000.0 if i % 3 == 2 else 0.0) for i, c in enumerate(cand)]
+    excess, bound = perf._wait_excess(rec["baseline"], rec["candidate"])
+    assert excess <= bound  # the premise: the wait rule does not see it
+    ratio, _, fails = perf._mean_regression(task, "cpu", rec, 0)
+    assert fails and ratio > 10, ratio
+
+
+def test_the_mean_rule_rarely_fails_an_equal_or_faster_kernel_under_preemption(project_repo):
+    """False alarms of :data:`guards.perf.MEAN_SLACK`'s rule on honest kernels: interleaved calls with 5%
+    noise and 1% of calls (either side) preempted for 20x their cost: an equal kernel fails in at most 1%
+    of 300 seeded trials, a 1.1x faster one never."""
+    task = load_task(project_repo, "k3_moe_dispatch")
+    equal = sum(perf._mean_regression(task, "cpu", _rec(*_outliers(150, 1.0, s)), s)[2] for s in range(300))
+    faster = sum(perf._mean_regression(task, "cpu", _rec(*_outliers(150, 1.1, s)), s)[2] for s in range(300))
+    assert equal <= 3, equal
+    assert faster == 0, faster
+
+
+LATE_SLOWDOWN = '''
+
+import time as _time
+
+_LATE_CALLS = {}
+_fast_route_dispatch = moe_route_dispatch
+
+
+def moe_route_dispatch(router_logits, *args, **kwargs):
+    """Fast for the first 14 calls of each shape (the judge's window here), then 3 ms of CPU more a call."""
+    key = tuple(router_logits.shape)
+    _LATE_CALLS[key] = _LATE_CALLS.get(key, 0) + 1
+    if _LATE_CALLS[key] > 14:
+        t = _time.thread_time()
+        while _time.thread_time() - t < 0.003:
+            pass
+    return _fast_route_dispatch(router_logits, *args, **kwargs)
+'''
+
+
+def test_a_kernel_that_slows_down_after_the_timed_window_fails_its_late_recheck(pristine_repo, tmp_path, monkeypatch):
+    """Session 12's red team: kernels fast for their first 100 / 180 calls of a shape, slower afterwards,
+    were accepted (no window went past call 170). The late recheck times a claimed and a drawn workload
+    again after a random gap, alone, and fails the slowdown there (here: slow from call 15 of a shape,
+    the listed workload's window is calls 0-13)."""
+    ctx = _candidate(pristine_repo, tmp_path, (pristine_repo / GOOD).read_text() + LATE_SLOWDOWN, "late")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS  # records the declared scope (3 calls a shape)
+    ctx.task = ctx.task.model_copy(update={"perf": ctx.task.perf.model_copy(update={
+        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
+    monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 1)
+    monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
+    v = perf.PerfGuard().check(ctx)
+    assert v.status is Status.FAIL, v.summary
+    rows = {r["name"]: r for r in ctx.artifacts.perf}
+    listed = rows[ctx.task.perf.workloads[0]]
+    assert listed["late_recheck_gap"] is not None and "late recheck" in listed["implementation"], listed
+    assert listed["verdict"] in ("regression", "mean_regression", "no_gain"), listed["verdict"]
+    assert "when timed again late (after " in v.summary, v.summary

@@ -21,8 +21,9 @@ def _entry(verdict: str, **kw) -> dict:
 
 def test_the_tables_derive_from_the_enum():
     assert set(FAILING_VERDICTS) == {"regression", "no_gain", "below_floor", "side_stream", "tampered",
-                                     "wrong_output", "busy_outside", "waits", "raised", "compiled_timed"}
-    assert set(LOAD_SENSITIVE) == {"regression", "no_gain", "waits"}
+                                     "wrong_output", "busy_outside", "waits", "raised", "compiled_timed",
+                                     "mean_regression"}
+    assert set(LOAD_SENSITIVE) == {"regression", "no_gain", "waits", "mean_regression"}
     assert set(POOLED_PERF_VERDICTS) == {"gain", "no_gain", "neutral", "regression"}
     assert [s for s in PerfStatus if s.claimed] == [PerfStatus.GAIN, PerfStatus.NO_GAIN]
     assert PerfStatus("gain") == "gain" and f"{PerfStatus.WAITS}" == "waits"
@@ -38,6 +39,7 @@ def test_the_tables_derive_from_the_enum():
     ("side_stream", {}, "needs tail_excess_us"),
     ("busy_outside", {}, "needs candidate_outside_cpu_us"),
     ("waits", {}, "needs wait_excess_us"),
+    ("mean_regression", {}, "needs mean_ratio"),
     ("tampered", {}, "name its cause"),
     ("wrong_output", {}, "name its cause"),
     ("raised", {}, "name its cause"),
@@ -60,6 +62,7 @@ def test_an_entry_that_contradicts_its_status_is_refused(verdict, kw, why):
     ("side_stream", {"tail_excess_us": 40.0}),
     ("busy_outside", {"candidate_outside_cpu_us": 900.0}),
     ("waits", {"wait_excess_us": 300.0}),
+    ("mean_regression", {"mean_ratio": 3.2, "mean_ratio_ci": (2.1, 4.4)}),
     ("wrong_output", {"implementation": "latency_specialized (call 3: topk_ids differ)"}),
 ])
 def test_a_consistent_entry_is_accepted(verdict, kw):
@@ -83,3 +86,9 @@ def test_the_summary_reads_the_status_description():
     assert "w is waiting off-CPU inside its calls (321 us more than the baseline per call)" in v.summary
     v = perf_verdict(_Task(), [_entry("no_gain", speedup=1.02, speedup_ci=(0.95, 1.1))], ["w"])
     assert "no real gain (need >= 1.05x with the interval above 1): 1.020x" in v.summary
+
+
+def test_the_summary_names_the_mean_ratio_of_a_mean_regression():
+    v = perf_verdict(_Task(), [_entry("mean_regression", mean_ratio=3.21, mean_ratio_ci=(2.0, 4.0))], ["w"])
+    assert v.status.value == "FAIL"
+    assert "w is slower on average (3.21x the baseline's mean time per call, wall clock" in v.summary

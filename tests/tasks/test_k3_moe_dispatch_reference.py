@@ -366,8 +366,11 @@ def test_edge_cases_have_their_properties() -> None:
     assert len(ties.unique()) <= 4 and (ties == ties[:, :1]).sum() > 16
     sat = inp.make_inputs({"T": 3, "E": 896}, 0, "saturated")
     assert (torch.sigmoid(sat["router_logits"]) == 1.0).float().mean() > 0.3 and (sat["e_score_correction_bias"] != 0).all()
-    valid = inp.make_inputs({"T": 12, "E": 32}, 0, "padding_rows")["token_valid"]
-    assert int((~valid).sum()) == 3
+    assert inp.padding_counts(12) == [1, 3, 6, 11] and inp.padding_counts(2) == [1] and inp.padding_counts(3) == [1, 2]
+    seen = {int((~inp.make_inputs({"T": 12, "E": 32}, s, "padding_rows")["token_valid"]).sum()) for s in range(40)}
+    assert seen == {1, 3, 6, 11}  # more than a quarter of the rows too (session 12's red team)
+    firsts = {int((~inp.make_inputs({"T": 12, "E": 32}, s, "padding_rows")["token_valid"]).nonzero()[0]) for s in range(40)}
+    assert len(firsts) > 3  # padding rows anywhere, not only at the end
     assert int((~inp.make_inputs({"T": 2, "E": 32}, 0, "padding_rows")["token_valid"]).sum()) == 1
 
 

@@ -407,7 +407,7 @@ def _evidence_configs(result: RunResult, verdict: Verdict) -> list[str]:
 
 
 _BAD_PERF = ("regression", "no_gain", "below_floor", "side_stream", "tampered", "wrong_output", "busy_outside", "waits",
-             "raised")
+             "raised", "compiled_timed", "mean_regression")
 
 
 def failure_block(result: RunResult, verdict: Verdict, task: TaskSpec | None = None) -> list[str]:
