@@ -24,6 +24,14 @@ GREEDY_FRACTION = 0.4
 TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 TOP_KS = (1, 20, 50, 200)
 TOP_PS = (0.7, 0.9, 0.95)
+
+
+def off_top_ks(V: int) -> tuple[int, ...]:
+    """The ``top_k`` values that mean "no top-k" for a vocabulary of ``V``: 0, -1 (vLLM's old "disabled"),
+    V and the largest int32 (the contract: ``0 < k < V`` keeps the k largest, anything else is off).
+    Session 12's red team: a kernel cutting ``top_k = -1`` rows to their top-1 was judged correct, because
+    every draw wrote 0 for "off" and the reference refused negatives."""
+    return (0, -1, V, 2**31 - 1)
 DRAFT_AGREEMENT = 0.85
 """Probability a one-hot draft is the target's favourite token (DSpark-like acceptance, issue 3)."""
 ISSUE_LOGITS = (-8.0, -3.0, -2.0, -1.0, 0.0, 9.0, 1.0, 2.0)
@@ -92,12 +100,13 @@ def _garbage_padding(d: _Draw) -> None:
 
 
 def _sampling_params(d: _Draw, greedy_fraction: float) -> None:
-    """Per-request temperature (0.0 = greedy), top-k (0 = off) and top-p (1.0 = off)."""
+    """Per-request temperature (0.0 = greedy), top-k (off: :func:`off_top_ks`) and top-p (1.0 = off)."""
     B = d.B
     pick = lambda xs: torch.tensor(xs)[d.randint(0, len(xs), B)]  # noqa: E731
     greedy = d.rand(B) < greedy_fraction
     d.temperature = torch.where(greedy, torch.zeros(B), pick(TEMPERATURES).float())
-    d.top_k = torch.where(d.rand(B) < 0.6, torch.zeros(B, dtype=torch.int32), pick(TOP_KS).int()).int()
+    off = pick(off_top_ks(d.V)).int()  # "off" in every spelling the contract allows
+    d.top_k = torch.where(d.rand(B) < 0.6, off, pick(TOP_KS).int()).int()
     d.top_p = torch.where(d.rand(B) < 0.5, torch.ones(B), pick(TOP_PS).float())
 
 

@@ -209,11 +209,28 @@ def test_a_request_never_depends_on_its_batch_mates(name: str) -> None:
 def test_reference_rejects_out_of_contract_values() -> None:
     inputs, params, _ = _case("v4k_b4")
     for key, value, what in (("temperature", -1.0, "temperature"), ("num_draft_tokens", 8, "num_draft_tokens"),
-                             ("top_p", 0.0, "top_p"), ("top_k", -1, "top_k")):
+                             ("top_p", 0.0, "top_p")):
         bad = {k: v.clone() for k, v in inputs.items()}
         bad[key][0] = value
         with pytest.raises(ValueError, match=what):
             ref.reference(bad, params)
+
+
+def test_every_spelling_of_top_k_off_is_legal_and_means_off() -> None:
+    """The contract: ``0 < k < V`` keeps the k largest, any other int32 is off (vLLM's old -1 too). Session
+    12's red team: a kernel cutting ``top_k = -1`` rows to their top-1 passed, since the reference refused -1
+    and no draw held it; now the reference computes it and the draws hold every spelling."""
+    inputs, params, _ = _case("v4k_b4")
+    V = inputs["target_logits"].shape[-1]
+    outs = []
+    for off in inp.off_top_ks(V):
+        x = {k: v.clone() for k, v in inputs.items()}
+        x["top_k"][:] = off
+        outs.append(ref.reference(x, params))
+    for o in outs[1:]:
+        assert all(torch.equal(o[k], outs[0][k]) for k in o)
+    drawn = {int(k) for s in range(30) for k in inp.make_inputs({"B": 8, "D": 7, "V": 1024, "Q": 1}, s, "realistic")["top_k"]}
+    assert {0, -1, 1024, 2**31 - 1} <= drawn
 
 
 def test_public_op_rejects_inconsistent_shapes() -> None:
