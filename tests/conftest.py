@@ -242,8 +242,9 @@ two KDA prefill chunks of 512 (one state hand-over), and 1024 + 129 tokens cross
 judge float32 only: the bfloat16 leg (two more children, ~25-60 s on the loaded 2-core CI machine) is
 judged by the model eval's own tests.
 Tests of the model eval itself (``model_eval`` in the test id: its own tests, the ``model_eval-*``
-fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults; so do the
-CLI's subprocess tests (they pass no ``WORKBENCH_*`` variable) and ``workbench demo`` in CI."""
+fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults; so does
+``workbench demo`` in CI, which judges the good fixture through the CLI at the defaults. The CLI's
+subprocess tests (tests/workbench/test_cli.py ``wb``) pass these lengths on: they test the CLI's contract."""
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SUITE_MODEL_EVAL
+
 GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input"
 
 
 def wb(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    # no WORKBENCH_* setting of the test process leaks in, but the test's own judgings ledger (conftest)
+    # no WORKBENCH_* setting of the test process leaks in, but the test's own judgings ledger (conftest) and
+    # the suite's model-eval lengths (SUITE_MODEL_EVAL): these tests are about the CLI's contract (exit codes,
+    # printed lines, the recorded seed and command); the model eval at its default lengths and both dtypes
+    # is judged by its own tests and, through this same CLI on this same good fixture, by `workbench demo` in CI
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_JUDGINGS"}
+    env.update(SUITE_MODEL_EVAL)
     return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=repo, capture_output=True, text=True,
                           env=env, timeout=600)
 
