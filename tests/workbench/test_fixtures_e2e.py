@@ -3,9 +3,6 @@ worktree + guards pipeline (CPU)."""
 
 from __future__ import annotations
 
-import collections
-import copy
-import hashlib
 import json
 
 import pytest
@@ -23,23 +20,15 @@ CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(l
 PARAMS = [pytest.param(t, f, id=f"{t}:{f.name}", marks=[pytest.mark.quiet] if f.good else []) for t, f in CASES]
 
 
-# ---- one run-time seed per task and worker, and what the correctness guard derives from it, computed once ----
+# ---- one run-time seed per task and worker --------------------------------------------------------------------
 #
 # Every fixture of a task is judged with one run-time seed per pytest worker and session (drawn afresh each
-# session, as `workbench run` draws one: never a public seed). The correctness guard's configurations and
-# inputs are a deterministic function of (task, seed) (guards.cases.correctness_cases, "deterministic for a
-# seed": what `--seed` reproduces), and the reference a pure function of its inputs, so both are computed
-# once per worker and handed to each later judgment as fresh copies: every fixture is judged on exactly
-# the configurations, inputs and expected outputs a judgment of its own would compute. The candidate's
-# child runs, the checks of its outputs and every other guard run per fixture as before. On the 2-core
-# machine this saves, per k3_dspark_verify judgment, the ~10-20 s of building 40 configurations at
-# V = 163840 (608 MiB of inputs) and the ~15-30 s of their fp64 reference.
+# session, as `workbench run` draws one: never a public seed), so the correctness guard's configurations,
+# inputs and reference outputs, a deterministic function of (task, seed), are computed once per worker
+# (tests/conftest.py ``correctness_derived_once``); every fixture is still judged on exactly what a
+# judgment of its own with that seed computes.
 
 _SEEDS: dict[str, int] = {}
-_CASES: dict[tuple, list] = {}
-_REFERENCE: collections.OrderedDict = collections.OrderedDict()
-REFERENCE_MEMO_ENTRIES = 1024
-"""Most reference outputs kept per worker (an LRU): every configuration of every task for one seed."""
 
 
 def _session_seed(task_id: str) -> int:
@@ -48,78 +37,11 @@ def _session_seed(task_id: str) -> int:
     return _SEEDS[task_id]
 
 
-def _cases_once(real):
-    def correctness_cases(task, seed, *args, **kwargs):
-        key = (task.model_dump_json(exclude={"root"}), seed, repr(args), repr(sorted(kwargs.items())))
-        if key not in _CASES:
-            _CASES.clear()  # one task's at a time: k3_dspark_verify's inputs alone are 608 MiB
-            _CASES[key] = real(task, seed, *args, **kwargs)
-        return copy.deepcopy(_CASES[key])
-    return correctness_cases
-
-
-def _digest(value) -> str:
-    """A content digest of a reference call's argument (tensors by dtype, shape and bytes)."""
-    import torch
-
-    h = hashlib.blake2b(digest_size=20)
-
-    def feed(v):
-        if isinstance(v, torch.Tensor):
-            t = v.detach().contiguous().cpu()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        elif isinstance(v, dict):
-            h.update(b"{")
-            for k in sorted(v):
-                h.update(repr(k).encode())
-                feed(v[k])
-            h.update(b"}")
-        elif isinstance(v, (list, tuple)):
-            h.update(b"[")
-            for x in v:
-                feed(x)
-            h.update(b"]")
-        else:
-            h.update(f"{type(v).__name__}:{v!r}".encode())
-
-    feed(value)
-    return h.hexdigest()
-
-
-class _ReferenceOnce:
-    """The task's reference module with ``reference`` computed once per distinct inputs and kwargs."""
-
-    def __init__(self, module) -> None:
-        self._module = module
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def reference(self, inputs, kwargs):
-        key = (self._module.__file__, _digest(inputs), _digest(kwargs))
-        if key not in _REFERENCE:
-            _REFERENCE[key] = self._module.reference(inputs, kwargs)
-            while len(_REFERENCE) > REFERENCE_MEMO_ENTRIES:
-                _REFERENCE.popitem(last=False)
-        _REFERENCE.move_to_end(key)
-        return copy.deepcopy(_REFERENCE[key])
-
-
-def _reference_once(real):
-    def load_task_module(task, name):
-        mod = real(task, name)
-        return _ReferenceOnce(mod) if name == "reference" else mod
-    return load_task_module
-
-
 @pytest.fixture
-def shared_derivations(monkeypatch):
-    """The correctness guard's cases and reference computed once per worker (see above); the shrinking of a
-    failure on random draws only (report evidence after the FAIL is decided) gets one child run instead of 8:
-    its search is tested in tests/guards/test_correctness_shrink.py, and one run still exercises it here."""
-    monkeypatch.setattr(guards.correctness, "correctness_cases", _cases_once(guards.correctness.correctness_cases))
-    monkeypatch.setattr(guards.correctness, "load_task_module", _reference_once(guards.correctness.load_task_module))
+def shared_derivations(correctness_derived_once, monkeypatch):
+    """The correctness guard's cases and reference computed once per worker (tests/conftest.py); the shrinking
+    of a failure on random draws only (report evidence, after the FAIL is decided) gets one child run instead
+    of 8: its search is tested in tests/guards/test_correctness_shrink.py, and one run still exercises it here."""
     monkeypatch.setattr(guards.correctness, "SHRINK_CHILD_RUNS", 1)
 
 
