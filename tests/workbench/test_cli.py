@@ -32,6 +32,7 @@ def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.Com
                           env=env, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.quiet(whole=True)  # the accept rests on a CPU perf gain, timed in a subprocess
 def test_run_accepts_good_and_prints_result_path_last(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
@@ -47,6 +48,7 @@ def test_run_accepts_good_and_prints_result_path_last(project_repo):
     assert r.stdout.startswith("# k3_moe_dispatch: ACCEPTED\n") and f"- seed: {data['seed']}\n" in r.stdout
 
 
+@pytest.mark.slow
 def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subcommand(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu", "-v")
     assert p.returncode == 1, p.stdout + p.stderr
@@ -96,6 +98,7 @@ def test_git_repo_that_is_not_a_workbench_checkout(tmp_path):
     assert p.returncode == 2 and "not a kernel-workbench checkout" in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.quiet(whole=True)  # the accept rests on a CPU perf gain, timed in a subprocess
 def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
     """The good fixture is merged at the base (as on main): selftest still judges it, against the standard
@@ -123,6 +126,7 @@ def test_tables_are_not_truncated_when_piped(project_repo):
     assert "k3_model/kernels/moe_dispatch/**" in p.stdout and "k3_model.ops.moe_dispatch:moe_route_dispatch" in p.stdout
 
 
+@pytest.mark.slow
 def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu")
     assert p.returncode == 1, p.stdout + p.stderr
