@@ -324,6 +324,17 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     requires = {r: (spec.requires, check_constraint(spec.requires) if spec.requires else set())
                 for r, spec in dom.regimes.items()}
 
+    # The constraints decidable once dimension ``di`` is drawn: those naming it and only dimensions drawn
+    # up to it (the names drawn before a dimension are the same in every candidate: declared order).
+    decidable: list[list[str]] = []
+    drawn: set[str] = set()
+    for d in dims[:nd]:
+        if d.kind == "regime":
+            decidable.append([])
+            continue
+        drawn.add(d.name)
+        decidable.append([c for c, used in exprs if d.name in used and used <= drawn])
+
     def candidate(forced: dict[int, int] | None = None, tries: int = MAX_TRIES) -> tuple[list[int], list[Any]] | None:
         # Dimensions in declared order; each picks uniformly among its cells whose drawn value meets
         # every constraint already decidable (so a tightly constrained value, e.g. G = 1 forcing
@@ -340,8 +351,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
                 for i in cells:
                     v = _draw_in(d.cells[i], rng, d.is_int)
                     env = {**known, d.name: v} if d.kind != "regime" else known
-                    names = set(env)
-                    todo = [c for c, used in exprs if d.name in used and used <= names] if d.kind != "regime" else []
+                    todo = decidable[di]
                     if d.kind == "regime" and requires[v][0]:
                         todo = [requires[v][0]]
                     if all(eval_constraint(c, env) for c in todo):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -242,8 +245,9 @@ two KDA prefill chunks of 512 (one state hand-over), and 1024 + 129 tokens cross
 judge float32 only: the bfloat16 leg (two more children, ~25-60 s on the loaded 2-core CI machine) is
 judged by the model eval's own tests.
 Tests of the model eval itself (``model_eval`` in the test id: its own tests, the ``model_eval-*``
-fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults; so do the
-CLI's subprocess tests (they pass no ``WORKBENCH_*`` variable) and ``workbench demo`` in CI."""
+fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults; so does
+``workbench demo`` in CI, which judges the good fixture through the CLI at the defaults. The CLI's
+subprocess tests (tests/workbench/test_cli.py ``wb``) pass these lengths on: they test the CLI's contract."""
 
 
 @pytest.fixture(autouse=True)
@@ -268,3 +272,94 @@ def _own_judgings_ledger(request, tmp_path_factory, monkeypatch) -> None:
 
     digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
     monkeypatch.setenv("WORKBENCH_JUDGINGS", str(tmp_path_factory.getbasetemp() / f"judgings-{digest}.jsonl"))
+
+
+# ---- what the correctness guard derives from (task, seed), computed once per worker ------------------------
+#
+# The correctness guard's configurations and inputs are a deterministic function of (task, seed)
+# (guards.cases.correctness_cases: what ``--seed`` reproduces), and the task's reference a pure function of
+# its inputs. Tests that judge many candidates with one seed (the fixtures, one seed per task and worker;
+# the exploit corpus, seed 1234) compute both once per worker and hand each judgment fresh copies: every
+# candidate is judged on exactly the configurations, inputs and expected outputs a judgment of its own
+# computes. The candidate's child runs, the checks of its outputs and every other guard run per candidate.
+# On the 2-core machine this saves, per k3_dspark_verify judgment, ~10-20 s of building 40 configurations
+# at V = 163840 (608 MiB of inputs) and ~15-30 s of their fp64 reference; ~3 s per k3_moe_dispatch one.
+
+_CASES: dict[tuple, list] = {}
+_REFERENCE: collections.OrderedDict = collections.OrderedDict()
+REFERENCE_MEMO_ENTRIES = 1024
+"""Most reference outputs kept per worker (an LRU): every configuration of every task for one seed."""
+
+
+def _cases_once(real):
+    def correctness_cases(task, seed, *args, **kwargs):
+        key = (task.model_dump_json(exclude={"root"}), seed, repr(args), repr(sorted(kwargs.items())))
+        if key not in _CASES:
+            _CASES.clear()  # one task's at a time: k3_dspark_verify's inputs alone are 608 MiB
+            _CASES[key] = real(task, seed, *args, **kwargs)
+        return copy.deepcopy(_CASES[key])
+    return correctness_cases
+
+
+def _digest(value) -> str:
+    """A content digest of a reference call's argument (tensors by dtype, shape and bytes)."""
+    import torch
+
+    h = hashlib.blake2b(digest_size=20)
+
+    def feed(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().contiguous().cpu()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(v, dict):
+            h.update(b"{")
+            for k in sorted(v):
+                h.update(repr(k).encode())
+                feed(v[k])
+            h.update(b"}")
+        elif isinstance(v, (list, tuple)):
+            h.update(b"[")
+            for x in v:
+                feed(x)
+            h.update(b"]")
+        else:
+            h.update(f"{type(v).__name__}:{v!r}".encode())
+
+    feed(value)
+    return h.hexdigest()
+
+
+class _ReferenceOnce:
+    """The task's reference module with ``reference`` computed once per distinct inputs and kwargs."""
+
+    def __init__(self, module) -> None:
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def reference(self, inputs, kwargs):
+        key = (self._module.__file__, _digest(inputs), _digest(kwargs))
+        if key not in _REFERENCE:
+            _REFERENCE[key] = self._module.reference(inputs, kwargs)
+            while len(_REFERENCE) > REFERENCE_MEMO_ENTRIES:
+                _REFERENCE.popitem(last=False)
+        _REFERENCE.move_to_end(key)
+        return copy.deepcopy(_REFERENCE[key])
+
+
+def _reference_once(real):
+    def load_task_module(task, name):
+        mod = real(task, name)
+        return _ReferenceOnce(mod) if name == "reference" else mod
+    return load_task_module
+
+
+@pytest.fixture
+def correctness_derived_once(monkeypatch) -> None:
+    """The correctness guard's cases and reference outputs computed once per worker (see above)."""
+    import guards.correctness
+
+    monkeypatch.setattr(guards.correctness, "correctness_cases", _cases_once(guards.correctness.correctness_cases))
+    monkeypatch.setattr(guards.correctness, "load_task_module", _reference_once(guards.correctness.load_task_module))

@@ -15,7 +15,7 @@ import ast
 import functools
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -174,44 +174,86 @@ def eval_constraint(expr: str, values: Mapping[str, Any]) -> bool:
         ValueError: the expression is not an allowed constraint, names something missing from
             ``values``, divides by zero, or does not evaluate to a bool.
     """
-    tree = _parsed_constraint(expr)[0]
-
-    def ev(node: ast.AST) -> Any:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id not in values:
-                raise ValueError(f"constraint {expr!r} needs {node.id!r}; given {sorted(values)}")
-            return values[node.id]
-        if isinstance(node, ast.BinOp):
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
-                raise ValueError(f"constraint {expr!r} divides by zero for {dict(values)}")
-            return _ARITH_OPS[type(node.op)](a, b)
-        if isinstance(node, ast.UnaryOp):
-            v = ev(node.operand)
-            return (not v) if isinstance(node.op, ast.Not) else -v
-        if isinstance(node, ast.BoolOp):
-            vals = (bool(ev(v)) for v in node.values)
-            return all(vals) if isinstance(node.op, ast.And) else any(vals)
-        if isinstance(node, ast.Compare):
-            left = ev(node.left)
-            for op, comp in zip(node.ops, node.comparators):
-                right = ev(comp)
-                if not _CMP_OPS[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.Call):
-            return _SHAPE_FUNCS[node.func.id](*[ev(a) for a in node.args])  # type: ignore[union-attr]
-        raise ValueError(f"constraint {expr!r}: unsupported node {type(node).__name__}")
-
-    out = ev(tree)
+    out = _compiled_constraint(expr)(values)
     if type(out) is not bool:
         raise ValueError(f"constraint {expr!r} evaluates to {out!r}, not True/False; write a comparison")
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_constraint(expr: str) -> Callable[[Mapping[str, Any]], Any]:
+    """The parsed constraint as nested closures, built once per expression (the random draws evaluate
+    a few constraints hundreds of thousands of times per judgment). Node for node what a tree walk
+    does: operands left to right, ``and``/``or`` and comparison chains short-circuit, the same errors
+    (a missing name, division by zero) with the same messages; :func:`eval_constraint` checks the type."""
+    tree = _parsed_constraint(expr)[0]
+
+    def build(node: ast.AST) -> Callable[[Mapping[str, Any]], Any]:
+        if isinstance(node, ast.Expression):
+            return build(node.body)
+        if isinstance(node, ast.Constant):
+            const = node.value
+            return lambda values: const
+        if isinstance(node, ast.Name):
+            name = node.id
+
+            def lookup(values: Mapping[str, Any]) -> Any:
+                try:
+                    return values[name]
+                except KeyError:
+                    raise ValueError(f"constraint {expr!r} needs {name!r}; given {sorted(values)}") from None
+            return lookup
+        if isinstance(node, ast.BinOp):
+            left, right, op = build(node.left), build(node.right), _ARITH_OPS[type(node.op)]
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+                def divide(values: Mapping[str, Any]) -> Any:
+                    a, b = left(values), right(values)
+                    if b == 0:
+                        raise ValueError(f"constraint {expr!r} divides by zero for {dict(values)}")
+                    return op(a, b)
+                return divide
+            return lambda values: op(left(values), right(values))
+        if isinstance(node, ast.UnaryOp):
+            operand = build(node.operand)
+            if isinstance(node.op, ast.Not):
+                return lambda values: not operand(values)
+            return lambda values: -operand(values)
+        if isinstance(node, ast.BoolOp):
+            parts = tuple(build(v) for v in node.values)
+            if isinstance(node.op, ast.And):
+                def all_of(values: Mapping[str, Any]) -> bool:
+                    for part in parts:
+                        if not part(values):
+                            return False
+                    return True
+                return all_of
+
+            def any_of(values: Mapping[str, Any]) -> bool:
+                for part in parts:
+                    if part(values):
+                        return True
+                return False
+            return any_of
+        if isinstance(node, ast.Compare):
+            first = build(node.left)
+            chain = tuple((_CMP_OPS[type(op)], build(comp)) for op, comp in zip(node.ops, node.comparators))
+
+            def compare(values: Mapping[str, Any]) -> bool:
+                left = first(values)
+                for op, comp in chain:
+                    right = comp(values)
+                    if not op(left, right):
+                        return False
+                    left = right
+                return True
+            return compare
+        if isinstance(node, ast.Call):
+            func = _SHAPE_FUNCS[node.func.id]  # type: ignore[union-attr]
+            args = tuple(build(a) for a in node.args)
+            return lambda values: func(*[a(values) for a in args])
+        raise ValueError(f"constraint {expr!r}: unsupported node {type(node).__name__}")
+
+    return build(tree)
 
 
 class AxisSpec(_Frozen):

@@ -124,6 +124,7 @@ def test_wall_clock_budget_exhaustion(repo, tmp_path, mock_api, load_recorded):
     assert api.requests == []
 
 
+@pytest.mark.slow
 def test_authentication_error_is_an_agent_error(repo, tmp_path, mock_api, load_recorded):
     api = mock_api(load_recorded("auth_error"))
     with pytest.raises(AgentError, match=r"401.*Check ANTHROPIC_API_KEY"):
@@ -140,6 +141,7 @@ def test_missing_key_and_bad_limits(monkeypatch):
         AnthropicBackend(client=object(), budget_s=0)
 
 
+@pytest.mark.slow
 def test_full_attempt_writes_good_kernel_and_guards_accept(repo, mock_api, load_recorded):
     """The recorded conversation writes the good fixture's kernel and submits; the guards accept it.
 

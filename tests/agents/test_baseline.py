@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from workbench.agents.baseline import time_baseline
 from workbench.taskspec import load_task
 
 
+@pytest.mark.slow
 def test_time_baseline_keeps_the_spread(repo):
     task = load_task(repo, "k3_moe_dispatch")
     b = time_baseline(repo, task, device="cpu", repetitions=6, warmup=1)

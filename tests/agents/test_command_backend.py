@@ -22,6 +22,7 @@ from workbench.results import read_result
 SCRIPTED = Path(__file__).with_name("scripted_agent.py")
 
 
+@pytest.mark.slow
 def test_scripted_agent_iterates_via_cli(repo):
     """`workbench agent --backend command --attempts 2`: wrong kernel, feedback, right kernel, accepted."""
     cmd = [sys.executable, "-m", "workbench", "agent", "k3_moe_dispatch", "--backend", "command", "--attempts", "2",
@@ -73,6 +74,7 @@ def test_scripted_agent_iterates_via_cli(repo):
     assert "attempt 1/2" in proc.stdout and "attempt 2/2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_environment_is_an_allowlist(repo, tmp_path, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret-for-test")
     monkeypatch.setenv("SOME_TOKEN", "tok-123")
@@ -92,6 +94,7 @@ def test_environment_is_an_allowlist(repo, tmp_path, monkeypatch):
     assert "sk-ant-secret-for-test" not in json.dumps(start) and "EXTRA_OK" in start["env_names"]
 
 
+@pytest.mark.slow
 def test_time_limit_kills_the_process_group(repo, tmp_path):
     marker = tmp_path / "late.txt"
     script = tmp_path / "slow.py"

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from guards.isolation import IsolationGuard
 from guards.sandbox import run_child
 from workbench.agents.command_backend import CommandBackend
@@ -21,6 +23,7 @@ SPY_KERNEL = (
 )
 
 
+@pytest.mark.slow
 def test_guard_child_does_not_see_the_key(repo, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     task = load_task(repo, "k3_moe_dispatch")
@@ -34,6 +37,7 @@ def test_guard_child_does_not_see_the_key(repo, monkeypatch):
     assert "KEY=None" in err and KEY not in err and "ANTHROPIC_API_KEY" not in err
 
 
+@pytest.mark.slow
 def test_command_agent_and_its_guard_children(repo, tmp_path, monkeypatch):
     """Allowlisted on purpose (an agent that calls the API itself): the agent sees the key, its
     `workbench check` output does not show it."""
@@ -60,6 +64,7 @@ def test_command_agent_and_its_guard_children(repo, tmp_path, monkeypatch):
     assert KEY not in got["check_out"]
 
 
+@pytest.mark.slow
 def test_command_agent_without_allowlist_has_no_key(repo, tmp_path, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     agent = tmp_path / "env_agent.py"
@@ -71,6 +76,7 @@ def test_command_agent_without_allowlist_has_no_key(repo, tmp_path, monkeypatch)
     assert "WORKBENCH_TASK" in text and KEY not in text and "ANTHROPIC_API_KEY" not in text
 
 
+@pytest.mark.slow
 def test_git_commits_of_attempts_run_no_hooks(repo, tmp_path, monkeypatch):
     """A hook planted in the shared git config never runs with the workbench's environment."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)

@@ -87,6 +87,7 @@ def test_duplicate_mutated_texts_are_dropped():
     assert len(texts) == len(set(texts)) == 4
 
 
+@pytest.mark.slow
 def test_sampling_is_deterministic_and_bounded():
     fx = ms.fixture_dir("k3_moe_dispatch")
     a, pop = ms.sample_mutants("k3_moe_dispatch", fx, 7, 19)

@@ -46,6 +46,7 @@ def _cell_of(task, d, axes, params, regime):
     return _cell_index(d, regime if d.kind == "regime" else axes.get(d.name, params.get(d.name)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", TASKS)
 def test_draws_meet_every_constraint_and_cover_every_cell(task_id):
     """Over a few seeds the draws reach every cell (edges, realistic values, inside bins, regimes) that
@@ -78,6 +79,7 @@ def test_every_regime_is_a_case_make_inputs_supports(task_id):
     assert set(task.domain.regimes) <= set(cases)
 
 
+@pytest.mark.slow
 def test_draws_are_deterministic_per_seed_and_differ_across_seeds(moe):
     assert domain_draws(moe, 7) == domain_draws(moe, 7)
     assert domain_draws(moe, 7) != domain_draws(moe, 8)
@@ -113,6 +115,7 @@ def test_bias_shift_regime_shifts_the_bias_by_a_large_constant(moe):
     assert float(delta.max() - delta.min()) < 1e-2  # one constant (up to fp32 rounding)
 
 
+@pytest.mark.slow
 def test_pairs_no_fixed_workload_uses_are_drawn_in_every_run(moe):
     """B = 32 with G = 1 and renormalize = false with G > 1 appear in no fixed workload; the seeded
     pairwise draws pin such small-dimension pairs first, so every run has them (before seeding, 5 of
@@ -129,6 +132,7 @@ def test_pairs_no_fixed_workload_uses_are_drawn_in_every_run(moe):
         assert any(r == "bias_shift" for _, _, r in draws), seed
 
 
+@pytest.mark.slow
 def test_a_pinned_pair_the_constraints_forbid_is_skipped_not_an_error(moe):
     """G = 1 with TG = 8 breaks TG <= G, and the ties regime with G = 8 breaks its requires: such pairs
     are found infeasible and left, the draws stay legal, and a domain with a single legal configuration
@@ -200,6 +204,7 @@ def test_shrink_without_domain_is_refused(moe):
         shrink(moe.model_copy(update={"domain": None}), _failing(moe), lambda _: True)
 
 
+@pytest.mark.slow
 def test_a_declared_feature_is_paired_with_every_regime_in_every_run():
     """Session 11: a wide_bias draw that drops groups (TG < G) came by luck; declared as a feature it is a
     coverage dimension, so each regime meets both of its cells in every run."""

@@ -48,6 +48,7 @@ def _candidate(repo: Path, tmp_path: Path, body: str, name: str) -> GuardContext
     return ctx
 
 
+@pytest.mark.slow
 def test_candidate_exception_is_fail_with_the_error(project_repo, tmp_path):
     ctx = _candidate(project_repo, tmp_path, HEADER + "def moe_route_dispatch(*a, **k):\n    raise NotImplementedError('todo')\n", "raises")
     v = CorrectnessGuard().check(ctx)
@@ -55,6 +56,7 @@ def test_candidate_exception_is_fail_with_the_error(project_repo, tmp_path):
     assert "raised NotImplementedError: todo" in v.summary
 
 
+@pytest.mark.slow
 def test_unwritten_output_is_caught_by_poison(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace("    sorted_token_ids.fill_(numel)\n", "")
     ctx = _candidate(project_repo, tmp_path, src, "no-fill")
@@ -64,6 +66,7 @@ def test_unwritten_output_is_caught_by_poison(project_repo, tmp_path):
     assert any("-7777" in str(e.value) or "poison" in str(e.value) or "sentinel" in str(e.value) for e in v.evidence)
 
 
+@pytest.mark.slow
 def test_crashing_child_is_fail_not_error(project_repo, tmp_path):
     ctx = _candidate(project_repo, tmp_path, HEADER + "import os\ndef moe_route_dispatch(*a, **k):\n    os._exit(3)\n", "exit")
     v = CorrectnessGuard().check(ctx)
@@ -71,6 +74,7 @@ def test_crashing_child_is_fail_not_error(project_repo, tmp_path):
     assert "child exited with status 3" in v.summary
 
 
+@pytest.mark.slow
 def test_hanging_child_is_killed_and_fails(project_repo, tmp_path):
     ctx = _candidate(project_repo, tmp_path, HEADER + "import time\ndef moe_route_dispatch(*a, **k):\n    time.sleep(3600)\n", "hang")
     v = CorrectnessGuard().check(ctx)
@@ -79,6 +83,7 @@ def test_hanging_child_is_killed_and_fails(project_repo, tmp_path):
     assert next(e.value for e in v.evidence if e.name == "child_duration") < 60
 
 
+@pytest.mark.slow
 def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=128")
     ctx = _candidate(project_repo, tmp_path, src, "wide")
@@ -91,6 +96,7 @@ def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
     assert "batch [1, 128] exceeds the task's [1, 64]" in v.summary
 
 
+@pytest.mark.slow
 def test_narrow_scope_passes_activation_and_records_fallbacks(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=8")
     ctx = _candidate(project_repo, tmp_path, src, "narrow")
@@ -158,6 +164,7 @@ def test_result_file_version_is_checked(tmp_path):
         read_result(p)
 
 
+@pytest.mark.slow
 def test_claiming_a_device_not_judged_fails_activation(project_repo, tmp_path):
     src = (project_repo / GOOD).read_text().replace('devices=("cpu",)', 'devices=("cpu", "cuda")')
     ctx = _candidate(project_repo, tmp_path, src, "both-devices")
@@ -177,6 +184,7 @@ def _merge_good_kernel(repo: Path) -> None:
     git(repo, "commit", "-qm", "merge the good kernel", "--allow-empty")  # main may have it merged already
 
 
+@pytest.mark.slow
 def test_change_that_never_runs_on_top_of_a_merged_kernel_fails_activation(fresh_repo, tmp_path):
     _merge_good_kernel(fresh_repo)
     overlay = tmp_path / "dead-file"
@@ -192,6 +200,7 @@ def test_change_that_never_runs_on_top_of_a_merged_kernel_fails_activation(fresh
     assert "k3_model/kernels/moe_dispatch/faster.py" in v.evidence[0].value
 
 
+@pytest.mark.slow
 def test_notes_only_change_fails_activation(fresh_repo, tmp_path):
     _merge_good_kernel(fresh_repo)
     overlay = tmp_path / "notes"
@@ -204,6 +213,7 @@ def test_notes_only_change_fails_activation(fresh_repo, tmp_path):
     assert result.first_failure().summary.startswith("The candidate changes no Python source")
 
 
+@pytest.mark.slow
 def test_baseline_is_the_kernel_merged_at_the_base(fresh_repo, tmp_path):
     """Re-submitting the merged kernel (a whitespace change) gains nothing over the base: perf FAILs."""
     _merge_good_kernel(fresh_repo)
@@ -224,6 +234,7 @@ def test_baseline_is_the_kernel_merged_at_the_base(fresh_repo, tmp_path):
     assert [e.name for e in v.evidence].count("not_timed") == n - len(result.perf)
 
 
+@pytest.mark.slow
 def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
     """A kernel declaring TP 4 and 8 is rejected where only world sizes 1 and 2 were judged (as on a
     2-GPU machine); the same kernel passes where they all ran (tests/workbench/test_fixtures_e2e.py)."""
@@ -244,6 +255,7 @@ def test_claiming_world_sizes_not_run_fails_activation(project_repo, tmp_path):
     assert "tp_sizes [4, 8] were not judged in this run" in v.summary
 
 
+@pytest.mark.slow
 def test_a_child_that_claims_an_early_scope_rejection_falsely_fails_correctness(project_repo, tmp_path, monkeypatch):
     """The early scope check runs in the child; the judge decides. A response that says "beyond the limits"
     for a scope inside them gets no shortcut: nothing ran, so correctness FAILs for every configuration."""
@@ -292,6 +304,7 @@ def test_inputs_unchanged_is_bitwise():
     assert _inputs_changed({"x": half}, {"x": half}) == ["x"]  # a tensor is not a digest: never trusted as one
 
 
+@pytest.mark.slow
 def test_negative_zero_written_over_a_zero_input_fails_correctness(project_repo, tmp_path):
     """A kernel that flips the sign of the caller's zero bias (the ``ties`` workload's) is rejected
     although every output is right; bad fixture correctness-writes-nan-into-input writes NaN there."""
@@ -310,6 +323,7 @@ class _Phases(tuple):
 '''
 
 
+@pytest.mark.slow
 def test_activation_lying_scope_is_refused_by_the_child_dispatcher(project_repo, tmp_path):
     """A phases tuple that lists decode but contains prefill never reaches the activation check: the
     dispatcher refuses it when the kernel is imported, and correctness reports the ScopeError."""
@@ -402,6 +416,7 @@ def test_files_for_other_devices_by_subpackage(tmp_path):
                                                                                    f"{root}/cuda/_triton_route.py"]
 
 
+@pytest.mark.slow
 def test_a_cuda_subpackage_judged_on_cpu_fails_activation(fresh_repo, tmp_path):
     """A run judges the kernel package that serves its device only: a CUDA subpackage judged on CPU is not
     judged at all (the CPU calls never reach it), so activation FAILs and names the file."""

@@ -28,6 +28,7 @@ def test_an_unknown_commit_is_a_clear_error():
             pass
 
 
+@pytest.mark.slow
 def test_a_child_may_not_read_its_checkouts_git_metadata(tmp_path):
     """The runtime hooks refuse reads under ``<root>/.git`` (where the checkout came from, its branch)."""
     from guards.sandbox import run_child

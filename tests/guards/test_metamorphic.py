@@ -93,6 +93,7 @@ def test_every_task_checks_its_pairs_with_functions_it_defines(task_id):
 
 # --- which draws get a pair ---
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", TASKS)
 def test_every_draw_a_pair_applies_to_gets_one_and_they_alternate(task_id):
     task = _task(task_id)
@@ -181,6 +182,7 @@ def _ref(task, inputs, kwargs):
     return load_task_module(task, "reference").reference({k: v.clone() for k, v in inputs.items()}, dict(kwargs))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", TASKS)
 def test_the_reference_itself_keeps_every_pair(task_id):
     task = _task(task_id)
@@ -213,6 +215,7 @@ def test_moe_permutation_relation_catches_a_weight_that_moved_within_the_referen
     assert "the pair allows rtol 2e-06" in lines[0]
 
 
+@pytest.mark.slow
 def test_moe_permutation_relation_catches_other_experts_and_a_moved_segment():
     task, c, a, b = _moe_pair("token_permutation")
     perm = c.twin.info["perm"]
@@ -279,6 +282,7 @@ def _ranks(out_a, out_b, inputs_a, inputs_b):
                        call("a_repeat", out_a, inputs_a)]}]
 
 
+@pytest.mark.slow
 def test_guard_fails_a_broken_pair_that_the_reference_check_accepts():
     task, c, a, b = _moe_pair("token_permutation")
     ref = load_task_module(task, "reference")

@@ -54,6 +54,7 @@ def test_defaults_are_long_and_cross_the_declared_limits():
         ModelEvalSettings(context_tokens=2048, generate_tokens=100, page_tokens=4096).validate()
 
 
+@pytest.mark.slow
 def test_good_fixture_passes_with_tiny_drift(tmp_path):
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, _worktree(tmp_path, GOOD)))
     assert v.status is Status.PASS, v.summary
@@ -63,6 +64,7 @@ def test_good_fixture_passes_with_tiny_drift(tmp_path):
     assert ev["mla_cache_pages"] == 4 and ev["kda_prefill_chunks"] == 3
 
 
+@pytest.mark.slow
 def test_no_merged_kernel_or_unused_op_is_skip(tmp_path):
     wt = _worktree(tmp_path)
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt))
@@ -108,6 +110,7 @@ def _drift(rel_error: float) -> float:
     return float((cand.logprobs - std.logprobs).abs().max())
 
 
+@pytest.mark.slow
 def test_drift_bound_sits_between_kernel_tolerance_and_real_errors():
     bound = ModelEvalSettings().max_logprob_drift
     assert _drift(1e-5) < bound / 4  # the kernel tests' weight tolerance (rtol 1e-5) stays far inside
@@ -268,6 +271,7 @@ def test_bf16_bound_comes_from_the_committed_calibration():
         ModelEvalSettings(dtypes="float16").validate()
 
 
+@pytest.mark.slow
 def test_good_fixture_passes_in_float32_and_bfloat16(tmp_path):
     s = dataclasses.replace(SMALL_BF16, dtypes="float32,bfloat16")
     v = ModelEvalGuard(s).check(_ctx(tmp_path, _worktree(tmp_path, GOOD)))
@@ -279,6 +283,7 @@ def test_good_fixture_passes_in_float32_and_bfloat16(tmp_path):
     assert "In bfloat16 (32 tokens x 2) every flip is a near tie" in v.summary
 
 
+@pytest.mark.slow
 def test_bf16_wrong_kernel_fails(tmp_path):
     """A kernel far off in bfloat16: its first flips are near ties (the random-weight model's margins are
     small), but it flips at a margin no A/A run shows, and far more often."""

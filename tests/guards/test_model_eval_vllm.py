@@ -53,6 +53,7 @@ def _judge(tmp_path, fixture):
     return v, {e.name: e.value for e in v.evidence}
 
 
+@pytest.mark.slow
 def test_vllm_leg_accepts_good_cpu_fixture(tmp_path):
     import vllm
 
@@ -69,6 +70,7 @@ def test_vllm_leg_accepts_good_cpu_fixture(tmp_path):
     assert "greedy_mismatches" not in ev  # "only": the standalone leg did not run
 
 
+@pytest.mark.slow
 def test_vllm_leg_rejects_drift_fixture_and_names_the_step(tmp_path):
     v, ev = _judge(tmp_path, FIXTURES / "bad/model_eval-drifts-over-long-generation")
     assert v.status is Status.FAIL, v.summary

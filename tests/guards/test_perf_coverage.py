@@ -23,6 +23,7 @@ def moe():
     return load_task(REPO_ROOT, "k3_moe_dispatch")
 
 
+@pytest.mark.slow
 def test_listed_workloads_come_first_and_draws_redraw_the_batch_inside_the_scope(moe):
     for seed in SEEDS:
         ws = perf_workloads(moe, seed)
@@ -54,6 +55,7 @@ def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload
     assert all(len(m) <= 1 for m in per_seed_missing), per_seed_missing
 
 
+@pytest.mark.slow
 def test_perf_domain_draws_time_steps_with_padding_rows_in_every_run(moe):
     """Session 7's red team: a kernel slow only on steps with padding rows (0.20x) was accepted; the
     padding_rows regime is ``timed`` (every padded CUDA-graph step has them), so every run times it."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import guards.perf as perf
 from guards.correctness import CorrectnessGuard
 from guards.judge import SideRecord
@@ -45,6 +47,7 @@ def test_side_record_extend_appends_every_field():
     assert (a.cpu_us, a.wall_us, a.outputs, a.statuses) == ([1.0, 3.0], [2.0, 4.0], [{"x": 1}, {"x": 2}], [b"k", b"!"])
 
 
+@pytest.mark.slow
 def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(pristine_repo, tmp_path, monkeypatch):
     project_repo = pristine_repo  # the good fixture judged as a new kernel
     """With the interval forced inconclusive, the workload is timed 1 + PERF_EXTENSION_ROUNDS rounds; every
@@ -138,6 +141,7 @@ def test_a_screening_clears_a_fast_or_equal_kernel_and_never_a_slow_one(project_
     assert perf._cleared_early(task, "cuda", _rec(*_noisy(n, 1.3, 0.02, seed=1)), 0)
 
 
+@pytest.mark.slow
 def test_a_screening_rarely_clears_a_regression_at_the_threshold(project_repo):
     """The error bound in ``_cleared_early``'s docstring, measured: a kernel 6% slower than the baseline
     (past the tasks' 5% threshold) with CPU-like per-call noise is cleared on its screening pairs in at
@@ -170,6 +174,7 @@ def _screen_ctx(project_repo, tmp_path, monkeypatch, name):
     return ctx, checked
 
 
+@pytest.mark.slow
 def test_a_cleared_draw_stops_after_its_screening_and_every_call_is_still_checked(pristine_repo, tmp_path, monkeypatch):
     ctx, checked = _screen_ctx(pristine_repo, tmp_path, monkeypatch, "screen")
     monkeypatch.setattr(perf, "_cleared_early", lambda task, device, rec, seed: True)
@@ -183,6 +188,7 @@ def test_a_cleared_draw_stops_after_its_screening_and_every_call_is_still_checke
     assert n_draw == c_draw == 2 + 6
 
 
+@pytest.mark.slow
 def test_a_draw_not_cleared_is_timed_in_full(pristine_repo, tmp_path, monkeypatch):
     ctx, checked = _screen_ctx(pristine_repo, tmp_path, monkeypatch, "noscreen")
     asked = []

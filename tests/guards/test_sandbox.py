@@ -35,6 +35,7 @@ def _run(wt: Path, timeout_s: float = 60):
     return run_child(wt, _request(), timeout_s=timeout_s, memory_bytes=8 * 2**30, device="cpu")
 
 
+@pytest.mark.slow
 def test_secrets_in_the_parent_environment_are_absent_in_the_child(tmp_path, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-canary")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp-canary")
@@ -49,6 +50,7 @@ def test_secrets_in_the_parent_environment_are_absent_in_the_child(tmp_path, mon
     assert "canary" not in err + out.stdout_tail + out.stderr_tail
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not drop_privileges_available(), reason="needs root and setpriv to run the child as another uid")
 def test_child_runs_as_a_fresh_uid_and_cannot_write_the_worktree_or_repo(tmp_path):
     target = REPO_ROOT / ".workbench" / "results"
@@ -87,6 +89,7 @@ def test_response_frame_needs_the_nonce_and_nothing_else():
     assert _read_frame(b"", nonce) == (None, None)
 
 
+@pytest.mark.slow
 def test_printing_a_fake_response_does_not_forge_one(tmp_path):
     src = ("print('WBRESP1 ok True accepted'); import sys; sys.stdout.flush()\n"
            "from k3_model.dispatch import OpScope\nSCOPE = OpScope(devices=('cpu',))\n"
@@ -125,6 +128,7 @@ def test_timing_tampering_cross_check():
     assert timing_tampering([1.0], [], [1.0], [], device="cpu") is None  # too few readings: not judged
 
 
+@pytest.mark.slow
 def test_a_response_over_the_cap_is_named_as_such_and_never_blocks_the_child(monkeypatch):
     """The reader keeps draining past the cap: before, it stopped reading, the child blocked in its write
     until the wall-clock limit and the verdict said "exceeded its 300 s limit" with an empty stderr (the

@@ -152,6 +152,7 @@ def test_random_draws_outside_the_declared_shapes_get_a_counterpart_inside():
     assert followups(task, {**BASE_SCOPE, "shapes": "D%8"}, draws) == []  # not plain data: activation rejects it
 
 
+@pytest.mark.slow
 def test_fixed_edge_workloads_outside_the_declared_shapes_get_a_counterpart_inside():
     """Session 11: a DSpark kernel declaring V >= 4096 left every fixed edge workload (written at V 1024
     or 16) to the standard path, and one accepting u <= p/q (not <) was accepted. The edge cases must

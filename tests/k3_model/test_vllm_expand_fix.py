@@ -53,12 +53,14 @@ def _probe(patch: str) -> list:
     return json.loads(line[0][7:])
 
 
+@pytest.mark.slow
 def test_expand_fix_gives_per_token_values():
     for temps, topk in _probe("1"):
         assert temps == pytest.approx(WANT_T)
         assert topk == WANT_K
 
 
+@pytest.mark.slow
 def test_expand_without_fix_is_wrong():
     runs = _probe("0")
     assert any(temps != pytest.approx(WANT_T) or topk != WANT_K for temps, topk in runs), (

@@ -47,6 +47,7 @@ def test_expand_into_keeps_dtype_and_values(dtype):
     assert out.tolist() == pytest.approx([float(v) for v in want])
 
 
+@pytest.mark.slow
 def test_resolve_decode_backend_sources_and_errors():
     pytest.importorskip("vllm")
     from k3_model.vllm_plugin.model import K3ServingConfigError, resolve_decode_backend

@@ -161,12 +161,14 @@ def fast_server(workdir, standard_run):
         srv.close()
 
 
+@pytest.mark.slow
 def test_greedy_latency_specialized_equals_standard(standard_run, fast_server):
     fast = [fast_server.complete(p, **GREEDY)["choices"][0]["text"] for p in PROMPTS]
     assert all(len(t) > 0 for t in fast)
     assert fast == standard_run["greedy"]
 
 
+@pytest.mark.slow
 def test_seeded_sampling_repeats(fast_server):
     kw = dict(max_tokens=20, temperature=0.9, top_k=40, top_p=0.9, seed=1234, ignore_eos=True)
     a = fast_server.complete(PROMPTS[0], **kw)["choices"][0]["text"]
@@ -176,6 +178,7 @@ def test_seeded_sampling_repeats(fast_server):
     assert a != c  # a different seed draws differently (20 tokens from a 4096 vocabulary)
 
 
+@pytest.mark.slow
 def test_json_schema_request_returns_valid_json(fast_server):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                                "age": {"type": "integer"}},
@@ -195,6 +198,7 @@ def test_json_schema_request_returns_valid_json(fast_server):
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int) and isinstance(obj["name"], str)
 
 
+@pytest.mark.slow
 def test_long_prompt_is_served(fast_server):
     prompt = " ".join(f"x{i} = {i} * 7" for i in range(170))  # ~1600 tokens of the 2048 max_model_len
     out = fast_server.complete(prompt, max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -202,6 +206,7 @@ def test_long_prompt_is_served(fast_server):
     assert out["usage"]["completion_tokens"] == 8
 
 
+@pytest.mark.slow
 def test_trace_shows_path_per_step(standard_run, fast_server):
     from k3_model.vllm_plugin.trace import read_traces
 
@@ -222,6 +227,7 @@ def test_trace_shows_path_per_step(standard_run, fast_server):
     assert any(r["phase"] == "decode" for r in std)
 
 
+@pytest.mark.slow
 def test_speculative_decoding_keeps_greedy_and_verifies_as_decode(workdir):
     """ngram drafts (D = 7) on the ids prompt; the greedy tokens served with drafts are exactly the argmax of a
     plain forward pass over the same tokens (teacher-forced ``prompt_logprobs``, no drafts), so every rejected

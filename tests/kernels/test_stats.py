@@ -66,6 +66,7 @@ def test_rank_tests_direction():
     assert wilcoxon_greater([1.0, 2.0], [1.0, 2.0]) == 0.5
 
 
+@pytest.mark.slow
 def test_aa_false_alarm_rate_at_most_1pct():
     rng = random.Random(3)
     alarms = sum(classify(*_pairs(rng, 100.0, 100.0), claimed=False, seed=i, **KW)["verdict"] == "regression"

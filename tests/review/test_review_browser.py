@@ -62,6 +62,7 @@ def server(repo):
     th.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_approve_in_browser_merges_with_evidence(repo, server):
     _need_browser()
     from playwright.sync_api import sync_playwright

@@ -362,6 +362,7 @@ def test_make_inputs_deterministic_and_well_formed(name: str) -> None:
     assert bool((a["exponential_noise"] > 0).all()) and bool(((a["uniform_draws"] >= 0) & (a["uniform_draws"] < 1)).all())
 
 
+@pytest.mark.slow
 def test_realistic_inputs_are_peaked_long_tailed_and_drafts_agree_often() -> None:
     x = inp.make_inputs({"B": 64, "D": 7, "V": 32768, "Q": 2}, 3, "realistic")
     logits = x["target_logits"].float()[:, :7]

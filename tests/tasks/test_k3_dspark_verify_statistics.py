@@ -81,6 +81,7 @@ def test_bound_formula() -> None:
     assert tv_bound(400_000) < 0.007
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_probs", [True, False], ids=["draft_probs", "one_hot_drafts"])
 def test_emitted_tokens_follow_the_target_distribution(with_probs: bool) -> None:
     out, acc, drafts = _trials(with_probs, seed=11)

@@ -39,6 +39,7 @@ def cpu_run(project_repo, tmp_path_factory):
     return p, out / "k3_mini_bench_model.json"
 
 
+@pytest.mark.slow
 def test_result_schema_files_and_table(cpu_run, project_repo):
     p, path = cpu_run
     r = read_result(path)  # validates the whole schema
@@ -195,6 +196,7 @@ def test_bad_input_is_one_line_and_exit_2(project_repo, args, message):
     assert "Traceback" not in out.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_without_cuda_is_a_clear_error(project_repo):
     p = _cli(project_repo, "--device", "cuda", "--batches", "1", timeout=120)

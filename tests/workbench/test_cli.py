@@ -12,20 +12,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SUITE_MODEL_EVAL
+
 GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input"
 
 
-def wb(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    # no WORKBENCH_* setting of the test process leaks in, but the test's own judgings ledger (conftest)
+def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.CompletedProcess:
+    # no WORKBENCH_* setting of the test process leaks in, but the test's own judgings ledger (conftest) and,
+    # for a judgment that reaches the model eval (suite_model_eval), the suite's model-eval lengths
+    # (SUITE_MODEL_EVAL): these tests are about the CLI's contract (exit codes, printed lines, the recorded
+    # seed, the fixture base); the model eval at its default lengths and both dtypes is judged by its own
+    # tests and, through this same CLI on this same good fixture, by `workbench demo` in CI. (A run records
+    # such settings in its reproduce command, so the tests of that command run without them.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_JUDGINGS"}
+    if suite_model_eval:
+        env.update(SUITE_MODEL_EVAL)
     return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=repo, capture_output=True, text=True,
                           env=env, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.quiet(whole=True)  # the accept rests on a CPU perf gain, timed in a subprocess
 def test_run_accepts_good_and_prints_result_path_last(project_repo):
-    p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu")
+    p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines()[0] == f"k3_moe_dispatch candidate {GOOD}: ACCEPTED"
     last = Path(p.stdout.strip().splitlines()[-1])
@@ -38,6 +48,7 @@ def test_run_accepts_good_and_prints_result_path_last(project_repo):
     assert r.stdout.startswith("# k3_moe_dispatch: ACCEPTED\n") and f"- seed: {data['seed']}\n" in r.stdout
 
 
+@pytest.mark.slow
 def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subcommand(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu", "-v")
     assert p.returncode == 1, p.stdout + p.stderr
@@ -87,6 +98,8 @@ def test_git_repo_that_is_not_a_workbench_checkout(tmp_path):
     assert p.returncode == 2 and "not a kernel-workbench checkout" in p.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.quiet(whole=True)  # the accept rests on a CPU perf gain, timed in a subprocess
 def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
     """The good fixture is merged at the base (as on main): selftest still judges it, against the standard
     path on a fixture base that sets the merged kernel aside, says so, and queues nothing."""
@@ -99,7 +112,7 @@ def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
     git(fresh_repo, "add", "-A")
     git(fresh_repo, "commit", "-qm", "merge the good kernel", "--allow-empty")  # main may have it already
     head = git(fresh_repo, "rev-parse", "HEAD")
-    p = wb(fresh_repo, "selftest", "k3_moe_dispatch", "-f", "lean-torch-cpu")
+    p = wb(fresh_repo, "selftest", "k3_moe_dispatch", "-f", "lean-torch-cpu", suite_model_eval=True)
     assert p.returncode == 0, p.stdout + p.stderr
     out = " ".join(p.stdout.split())
     assert f"baseline: the moe_dispatch kernel merged at {head[:10]}" in out
@@ -113,6 +126,7 @@ def test_tables_are_not_truncated_when_piped(project_repo):
     assert "k3_model/kernels/moe_dispatch/**" in p.stdout and "k3_model.ops.moe_dispatch:moe_route_dispatch" in p.stdout
 
 
+@pytest.mark.slow
 def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", BAD, "--device", "cpu")
     assert p.returncode == 1, p.stdout + p.stderr

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+import guards.correctness
 from tests.conftest import REPO_ROOT
 from workbench.fixtures import fixture_outcome_ok, list_fixtures
-from workbench.pipeline import run_candidate
+from workbench.pipeline import draw_runtime_seed, run_candidate
 from workbench.taskspec import list_task_ids, load_task
 
 CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(load_task(REPO_ROOT, tid))]
@@ -19,13 +20,39 @@ CASES = [(tid, fx) for tid in list_task_ids(REPO_ROOT) for fx in list_fixtures(l
 PARAMS = [pytest.param(t, f, id=f"{t}:{f.name}", marks=[pytest.mark.quiet] if f.good else []) for t, f in CASES]
 
 
+# ---- one run-time seed per task and worker --------------------------------------------------------------------
+#
+# Every fixture of a task is judged with one run-time seed per pytest worker and session (drawn afresh each
+# session, as `workbench run` draws one: never a public seed), so the correctness guard's configurations,
+# inputs and reference outputs, a deterministic function of (task, seed), are computed once per worker
+# (tests/conftest.py ``correctness_derived_once``); every fixture is still judged on exactly what a
+# judgment of its own with that seed computes.
+
+_SEEDS: dict[str, int] = {}
+
+
+def _session_seed(task_id: str) -> int:
+    if task_id not in _SEEDS:
+        _SEEDS[task_id] = draw_runtime_seed(load_task(REPO_ROOT, task_id))
+    return _SEEDS[task_id]
+
+
+@pytest.fixture
+def shared_derivations(correctness_derived_once, monkeypatch):
+    """The correctness guard's cases and reference computed once per worker (tests/conftest.py); the shrinking
+    of a failure on random draws only (report evidence, after the FAIL is decided) gets one child run instead
+    of 8: its search is tested in tests/guards/test_correctness_shrink.py, and one run still exercises it here."""
+    monkeypatch.setattr(guards.correctness, "SHRINK_CHILD_RUNS", 1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id, fx", PARAMS)
-def test_fixture_judged_as_named(project_repo, task_id, fx):
+def test_fixture_judged_as_named(project_repo, shared_derivations, task_id, fx):
     if not fx.runs_on("cpu"):  # e.g. a Triton kernel: judged on CUDA (bench/results/h200/), never here
         pytest.skip(f"fixture {fx.name} is judged on {fx.devices} only (fixtures/requires.toml)")
     src = project_repo / (fx.defined_in or fx.path).relative_to(REPO_ROOT)  # an inject file: judged as given
-    result, path = run_candidate(project_repo, task_id, str(src), device="cpu")
+    result, path = run_candidate(project_repo, task_id, str(src), device="cpu", seed=_session_seed(task_id))
+    assert result.seed == _session_seed(task_id)
     failure = result.first_failure()
     assert fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None), (
         f"{fx.name}: accepted={result.accepted}, first failure={failure and failure.one_line()}")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from guards.base import GuardContext
 from guards.isolation import IsolationGuard
 from guards.verdict import Evidence, Status, Verdict
@@ -37,6 +39,7 @@ def _overlay(tmp_path: Path, name: str, text: str) -> Path:
     return tmp_path / name
 
 
+@pytest.mark.slow
 def test_content_key_same_up_to_comments_and_differs_by_code_device_task_and_guards(project_repo, tmp_path):
     task = load_task(project_repo, "k3_moe_dispatch")
     src = GOOD.read_text() + "\nVARIANT = 1  # differs from the kernel merged on main\n"
@@ -76,6 +79,7 @@ class _Ran:
         return Verdict(guard=self.name, status=Status.PASS, summary="ran")
 
 
+@pytest.mark.slow
 def test_a_bug_found_once_stays_found_when_the_same_content_is_judged_again(project_repo, tmp_path):
     task = load_task(project_repo, "k3_moe_dispatch")
     src = GOOD.read_text() + "\nVARIANT = 1  # differs from the kernel merged on main\n"

@@ -61,6 +61,7 @@ def test_branch_candidate_uses_merge_base(fresh_repo):
     assert (c.kind, c.candidate_commit, c.base_commit) == ("branch", tip, base)
 
 
+@pytest.mark.slow
 def test_patch_that_does_not_apply_rolls_back(fresh_repo, tmp_path):
     bad = tmp_path / "bad.patch"
     bad.write_text("diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n")
@@ -219,6 +220,7 @@ def _merge_kernel(repo: Path, src: Path) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
+@pytest.mark.slow
 def test_fixture_on_a_base_with_the_op_merged_gets_a_fixture_base(fresh_repo):
     head = _merge_kernel(fresh_repo, fresh_repo / GOOD)
     # judged against the merged kernel (fixture_base=False) the same fixture changes nothing
