@@ -220,9 +220,20 @@ def _machine_share(request, tmp_path_factory) -> Iterator[None]:
             fcntl.flock(machine, fcntl.LOCK_UN)
 
 
+SLOW_FIXTURES = frozenset({"template_repo", "cpu_run"})
+"""Shared fixtures that judge a candidate in full (tests/review/conftest.py ``template_repo``) or run the
+model bench (tests/workbench/test_bench_model.py ``cpu_run``): every test using one is ``slow`` (its first
+use on a worker costs 30-160 s on the 2-core machine), so the quick tier never builds them."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """``slow`` tests first (long jobs start early and quick ones fill the gaps at the end, so pytest-xdist
-    workers finish together); ``gpu`` tests skip by themselves on a machine without CUDA."""
+    """Tests that use a :data:`SLOW_FIXTURES` fixture are marked ``slow``; ``slow`` tests first (long jobs
+    start early and quick ones fill the gaps at the end, so pytest-xdist workers finish together); ``gpu``
+    tests skip by themselves on a machine without CUDA."""
+    for it in items:
+        if SLOW_FIXTURES & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.slow)
     items.sort(key=lambda it: it.get_closest_marker("slow") is None)  # stable: file order within each
     gpu = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu:
