@@ -285,6 +285,9 @@ def test_a_kernel_that_slows_down_after_the_timed_window_fails_its_late_recheck(
         "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 1)
     monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
+    # time every workload whatever load does to the main windows (an early stop skips the late rechecks;
+    # seen in session 12's CI on the loaded 2-core machine)
+    monkeypatch.setattr(perf, "_fails_on_timings", lambda *a: False)
     v = perf.PerfGuard().check(ctx)
     assert v.status is Status.FAIL, v.summary
     rows = {r["name"]: r for r in ctx.artifacts.perf}

@@ -42,12 +42,15 @@ logger = logging.getLogger("workbench.pool.ray")
 CONNECT_TIMEOUT_S = 5.0
 """How long a TCP connect to the Ray Client port may take before the pool is called unreachable (seconds).
 Source: a local connect answers in well under 1 ms; 5 s covers a remote head across a slow network."""
-CONNECT_ATTEMPTS = 3
+CONNECT_ATTEMPTS = 6
 CONNECT_BACKOFF_S = 2.0
 """Ray Client connects tried (count) and the wait before the next (seconds, doubled each time) when the
 server answers "Initialization failure from server" (ConnectionAbortedError): the head starts a server
 process per client and on a busy machine that start can outlast the first handshake (seen on the 2-core
 CI machine under the test suite's load, 2026-12-03). Any other error is final at once."""
+CONNECT_BACKOFF_MAX_S = 16.0
+"""Longest wait between two connects (seconds): 2+4+8+16+16 s in all before the last try. Three tries
+(6 s) were not enough for a head busy with CI's suite (session 12's CI: aborted 3 times)."""
 POLL_S = 0.5
 """How often the caller checks a submitted verdict's progress (seconds)."""
 
@@ -235,7 +238,7 @@ def _connect(ray, address: str):
         except ConnectionAbortedError as exc:
             if attempt == CONNECT_ATTEMPTS:
                 raise
-            wait = CONNECT_BACKOFF_S * 2 ** (attempt - 1)
+            wait = min(CONNECT_BACKOFF_MAX_S, CONNECT_BACKOFF_S * 2 ** (attempt - 1))
             logger.warning("pool %s: Ray Client connect %d of %d aborted by the server (%s); retrying in %.0f s",
                            address, attempt, CONNECT_ATTEMPTS, str(exc).splitlines()[0] if str(exc) else "", wait)
             time.sleep(wait)
