@@ -515,13 +515,15 @@ def _model_eval(req):
     model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=dtype, device=req["device"])
     s = req["settings"]
     res = generate(model, req["prompts"], s["generate_tokens"], decode_backend=req["decode_backend"],
-                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])
+                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"],
+                   record_routing=bool(req.get("record_routing")))
     mla = [c for c in res.cache.layers if hasattr(c, "pages_allocated")]
     return {"tokens": res.tokens, "logprobs": res.logprobs, "argmax": res.argmax, "margin": res.margin,
             "implementations": {ph: res.implementation_counts(ph) for ph in ("prefill", "decode")},
             "forward_calls": {ph: sum(1 for st in res.steps if st["phase"] == ph) for ph in ("prefill", "decode")},
             "mla_pages": mla[0].pages_allocated if mla else 0, "context_tokens": res.cache.length,
-            "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
+            "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules,
+            "routing_scores": res.routing_scores, "routing_ids": res.routing_ids}
 
 
 def _init_group(d, device):

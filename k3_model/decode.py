@@ -21,6 +21,7 @@ DESIGN.md "K3 ops and the decode backend".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from k3_model.dispatch import Decision, forward_context, record_trace
 from k3_model.layers import KDAState, StaticMLACache, check_finite
+from k3_model.layers import record_routing as _record_routing
 from k3_model.model import K3Cache, K3Model
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -49,6 +51,12 @@ class GenerationResult:
         steps: one dict per forward call: ``index``, ``phase`` (prefill/decode), ``tokens`` (per
             sequence), ``implementations`` (``"op:implementation" -> calls``).
         cache: the final cache (prompt + G - 1 tokens processed).
+        routing_scores: with ``record_routing``: (B, G - 1, L, E) float32, decode step j's selection
+            scores (sigmoid + bias, -inf outside kept groups) of every LatentMoE layer (L of them, in
+            order) for each sequence; step j consumes token j and yields the logits of token j + 1.
+            Else None.
+        routing_ids: with ``record_routing``: (B, G - 1, L, K) int64, the experts each step picked,
+            ascending. Else None.
     """
 
     tokens: torch.Tensor
@@ -57,6 +65,8 @@ class GenerationResult:
     margin: torch.Tensor
     steps: list[dict[str, Any]]
     cache: K3Cache
+    routing_scores: torch.Tensor | None = None
+    routing_ids: torch.Tensor | None = None
 
     def implementation_counts(self, phase: str | None = None) -> dict[str, int]:
         """``"op:implementation" -> calls`` summed over steps (of one phase if given)."""
@@ -79,7 +89,7 @@ def _step(model: K3Model, tokens: torch.Tensor, cache: K3Cache, *, phase: str, d
 def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, decode_backend: str = "standard",
              temperature: float = 0.0, seed: int = 0, forced: torch.Tensor | None = None,
              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, page_tokens: int = DEFAULT_PAGE_TOKENS,
-             max_tokens: int | None = None) -> GenerationResult:
+             max_tokens: int | None = None, record_routing: bool = False) -> GenerationResult:
     """Prefill ``prompts`` then generate ``max_new_tokens`` per sequence.
 
     Args:
@@ -93,6 +103,8 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
         prefill_chunk: prompt tokens per prefill forward (1 = token by token).
         page_tokens: MLA cache page (tokens). max_tokens: MLA cache limit (tokens; default
             max_position_embeddings).
+        record_routing: keep every decode step's MoE routing (:attr:`GenerationResult.routing_scores`,
+            ``routing_ids``; :func:`k3_model.layers.record_routing`).
 
     Returns:
         A :class:`GenerationResult` (log-probs of the temperature-1 distribution, i.e. of the model).
@@ -120,6 +132,7 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
                        decode_backend=decode_backend, steps=steps)
     last = logits[:, -1]
     toks, lps, amax, margins = [], [], [], []
+    routed: list[list] = []
     for g in range(max_new_tokens):
         check_finite(f"generate: logits at new token {g}", last)
         logp = torch.log_softmax(last.float(), dim=-1)
@@ -136,9 +149,17 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
         amax.append(choice)
         margins.append(top2[:, 0] - top2[:, 1])
         if g + 1 < max_new_tokens:
-            last = _step(model, nxt.unsqueeze(1), cache, phase="decode", decode_backend=decode_backend, steps=steps)[:, -1]
+            with _record_routing() if record_routing else contextlib.nullcontext([]) as log:
+                last = _step(model, nxt.unsqueeze(1), cache, phase="decode", decode_backend=decode_backend,
+                             steps=steps)[:, -1]
+            routed.append(log)
     stack = lambda xs: torch.stack(xs, 1).cpu()  # noqa: E731
-    return GenerationResult(stack(toks), stack(lps).float(), stack(amax), stack(margins).float(), steps, cache)
+    res = GenerationResult(stack(toks), stack(lps).float(), stack(amax), stack(margins).float(), steps, cache)
+    if record_routing and routed and routed[0]:
+        # (B, G - 1, L, E) and (B, G - 1, L, K): steps along dim 1, layers along dim 2
+        res.routing_scores = torch.stack([torch.stack([r.scores for r in log], 1) for log in routed], 1)
+        res.routing_ids = torch.stack([torch.stack([r.ids for r in log], 1) for log in routed], 1)
+    return res
 
 
 class StaticDecodeStep:

@@ -14,12 +14,15 @@ Source: shared/reference/k3_architecture.md §4.1 (AttnRes), §4.2 (KDA), §4.3 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
+from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch, selection_scores
 
 L2_EPS = 1e-6
 """KDA q/k L2-norm epsilon, inside the square root (kernel_targets.md §5.1, §5.5)."""
@@ -533,6 +536,45 @@ class RoutingSettings:
     block_size: int = MOE_ALIGN_BLOCK
 
 
+@dataclasses.dataclass(frozen=True)
+class RoutingRecord:
+    """One LatentMoE layer's routing of one forward, as :func:`record_routing` keeps it.
+
+    Attributes:
+        scores: (N, E) float32 selection scores on the standard formula
+            (:func:`k3_model.ops.moe_dispatch.selection_scores`: sigmoid + bias, -inf outside kept groups),
+            computed from the router logits this forward produced, whichever implementation routed.
+        ids: (N, K) int64 experts the op picked per token, ascending (slot order is free in the contract).
+    """
+
+    scores: torch.Tensor
+    ids: torch.Tensor
+
+
+_ROUTING_LOG: contextvars.ContextVar[list[RoutingRecord] | None] = contextvars.ContextVar("k3_routing_log",
+                                                                                        default=None)
+
+
+@contextlib.contextmanager
+def record_routing() -> Iterator[list[RoutingRecord]]:
+    """Keep a :class:`RoutingRecord` per LatentMoE layer call made inside the block, in call order.
+
+    The model-eval guard uses it to tell a greedy divergence that starts at a routing near tie (the
+    candidate's run, a few ULP away from the standard's, picks the other of two experts whose scores are
+    within rounding) from a wrong routing (guards/model_eval.py, "Routing near ties"). Eager form only
+    (the records copy to the host); the CUDA-graph step never records.
+
+    Yields:
+        The list the records are appended to.
+    """
+    log: list[RoutingRecord] = []
+    token = _ROUTING_LOG.set(log)
+    try:
+        yield log
+    finally:
+        _ROUTING_LOG.reset(token)
+
+
 def route(logits: torch.Tensor, bias: torch.Tensor, r: RoutingSettings) -> dict[str, torch.Tensor]:
     """Run the dispatcher's ``moe_route_dispatch`` op (standard path or a merged kernel in scope).
 
@@ -730,6 +772,11 @@ def latent_moe(w: LatentMoEWeights, x: torch.Tensor, r: RoutingSettings, *, beta
     """
     logits = F.linear(x.float(), w.gate.float())  # fp32 router logits (K3's GateLinear out_dtype=fp32)
     routing = route(logits, w.e_score_correction_bias, r)
+    log = _ROUTING_LOG.get()
+    if log is not None:
+        scores = selection_scores(logits, w.e_score_correction_bias, n_group=r.n_group, topk_group=r.topk_group)
+        log.append(RoutingRecord(scores=scores.detach().cpu(),
+                                 ids=routing["topk_ids"].detach().long().sort(dim=-1).values.cpu()))
     z = F.linear(x, w.routed_expert_down_proj)  # (N, Z)
     routed = _routed_sum_capturable if capturable else _routed_sum
     y_lat = routed(w, z, routing, r, beta, linear_beta)
@@ -748,7 +795,8 @@ def check_finite(name: str, t: torch.Tensor) -> None:
 
 
 __all__ = [
-    "KDAState", "KDAWeights", "LatentMoEWeights", "MLACache", "MLAWeights", "MLPWeights", "RoutingSettings",
+    "KDAState", "KDAWeights", "LatentMoEWeights", "MLACache", "MLAWeights", "MLPWeights", "RoutingRecord",
+    "RoutingSettings",
     "StaticMLACache", "attn_res_mix", "check_finite", "dispatch_rows", "dispatch_slots", "kda_forward", "kda_gate",
-    "kda_recurrence", "latent_moe", "mla_forward", "rms_norm", "route", "situ_glu", "situ_mlp",
+    "kda_recurrence", "latent_moe", "mla_forward", "record_routing", "rms_norm", "route", "situ_glu", "situ_mlp",
 ]

@@ -77,6 +77,37 @@ def _check_args(router_logits, bias, token_valid, top_k, n_group, topk_group, bl
             )
 
 
+def selection_scores(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor, *, n_group: int,
+                     topk_group: int) -> torch.Tensor:
+    """The scores the top-k selects on: ``sigmoid(router_logits) + bias``, -inf outside the kept groups.
+
+    The standard path selects on these; the model-eval guard records them to tell a routing flip at a
+    near tie from a wrong one (``k3_model.layers.record_routing``).
+
+    Args:
+        router_logits: (T, E) router logits (any float dtype; computed in float32).
+        e_score_correction_bias: (E,) selection bias (steers selection only, never weighs).
+        n_group: expert groups (E % n_group == 0); 1 = no grouping.
+        topk_group: groups kept per token (by the sum of each group's top-2 biased scores).
+
+    Returns:
+        (T, E) float32 biased scores; experts of dropped groups are -inf.
+
+    Source: shared/reference/kernel_targets.md §3.1 (vLLM ``grouped_topk``), §3.4 (-inf group masking).
+    """
+    T, E = router_logits.shape
+    choice = router_logits.float().sigmoid() + e_score_correction_bias.float()  # bias steers selection only
+    if n_group > 1:
+        per_group = E // n_group
+        grouped = choice.view(T, n_group, per_group)
+        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
+        kept = group_score.topk(topk_group, dim=-1).indices
+        group_mask = torch.zeros(T, n_group, dtype=torch.bool, device=choice.device).scatter_(1, kept, True)
+        expert_mask = group_mask.unsqueeze(-1).expand(T, n_group, per_group).reshape(T, E)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    return choice
+
+
 def moe_route_dispatch_standard(
     router_logits: torch.Tensor,
     e_score_correction_bias: torch.Tensor,
@@ -97,15 +128,7 @@ def moe_route_dispatch_standard(
     """The standard path (general grouped top-k, then sort-based alignment); see :func:`moe_route_dispatch`."""
     T, E = router_logits.shape
     scores = router_logits.float().sigmoid()
-    choice = scores + e_score_correction_bias.float()  # bias steers selection only
-    if n_group > 1:
-        per_group = E // n_group
-        grouped = choice.view(T, n_group, per_group)
-        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)
-        kept = group_score.topk(topk_group, dim=-1).indices
-        group_mask = torch.zeros(T, n_group, dtype=torch.bool, device=choice.device).scatter_(1, kept, True)
-        expert_mask = group_mask.unsqueeze(-1).expand(T, n_group, per_group).reshape(T, E)
-        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    choice = selection_scores(router_logits, e_score_correction_bias, n_group=n_group, topk_group=topk_group)
     ids = choice.topk(top_k, dim=-1).indices
     weights = scores.gather(1, ids)
     if renormalize:

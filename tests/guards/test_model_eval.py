@@ -313,3 +313,94 @@ def test_bf16_wrong_kernel_fails(tmp_path):
     assert margin > low.bf16_later_tie_margin
     g = {e.name: e.value for e in v.evidence}["bf16_first_flip_over_bound"]
     assert 0 <= g < SMALL_BF16.bf16_generate_tokens
+
+
+# ---- routing near ties (module docstring "Routing near ties") ------------------------------------------
+
+def test_first_routing_divergence_measures_the_swap_on_the_standard_scores():
+    from guards.model_eval import ROUTING_TIE_MARGIN, first_routing_divergence
+
+    # B=2 sequences, S=3 decode steps, L=2 layers, E=6 experts, K=2
+    scores = torch.tensor([0.9, 0.7, 0.5, 0.5 - 4e-6, 0.2, float("-inf")]).expand(2, 3, 2, 6).clone()
+    std = torch.tensor([0, 1]).expand(2, 3, 2, 2).clone()
+    assert first_routing_divergence(scores, std, std.clone(), 0) is None
+
+    scores[1, 1, 1] = torch.tensor([0.9, 0.5, 0.5 - 4e-6, 0.3, 0.2, float("-inf")])
+    cand = std.clone()
+    cand[1, 1, 1] = torch.tensor([0, 2])  # expert 2 in for expert 1, 4e-6 below it: a near tie
+    cand[1, 2, 0] = torch.tensor([0, 4])  # a later, wide swap: the first difference decides
+    d = first_routing_divergence(scores, std, cand, 1)
+    assert (d.sequence, d.step, d.layer, d.standard, d.candidate) == (1, 1, 1, (0, 1), (0, 2))
+    assert d.score_gap == pytest.approx(4e-6, rel=1e-2) and d.near_tie  # float32 scores
+    assert first_routing_divergence(scores, std, cand, 0) is None
+    assert "decode step 1, MoE layer 1: experts [0, 2] instead of [0, 1] (standard scores 3.99e-06 apart)" in d.describe()
+
+    for picked, gap in (([0, 3], 0.2), ([0, 5], float("inf")), ([0, 6], float("inf")), ([0, 0], float("inf"))):
+        cand[1, 1, 1] = torch.tensor(picked)  # wider gap; a masked expert; out of range; a duplicate
+        d = first_routing_divergence(scores, std, cand, 1)
+        assert d.score_gap == pytest.approx(gap, rel=1e-5) and not d.near_tie, picked
+    assert ROUTING_TIE_MARGIN == 1e-5
+    with pytest.raises(ValueError, match="routing records disagree in shape"):
+        first_routing_divergence(scores, std, cand[:, :2], 1)
+
+
+def test_generate_records_each_decode_steps_routing():
+    from k3_model.decode import generate
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+    from k3_model.model import K3Model, random_weights
+
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, 3), dtype=torch.float32, device="cpu")
+    prompts = torch.randint(0, 1000, (2, 20), generator=torch.Generator().manual_seed(0))
+    res = generate(model, prompts, 5, record_routing=True, prefill_chunk=8, page_tokens=16)
+    assert tuple(res.routing_scores.shape) == (2, 4, 8, 32) and tuple(res.routing_ids.shape) == (2, 4, 8, 4)
+    # the standard path picks the top-4 of the recorded scores, ascending
+    assert torch.equal(res.routing_scores.topk(4, dim=-1).indices.sort(-1).values, res.routing_ids)
+    plain = generate(model, prompts, 5, prefill_chunk=8, page_tokens=16)
+    assert plain.routing_scores is None and plain.routing_ids is None and torch.equal(plain.tokens, res.tokens)
+
+
+NEAR_TIE_KERNEL = '''"""The standard routing, except that wherever the top-k's last expert leads the next by less than
+SWAP_BELOW it picks the next one instead (what a run a few ULP away from the standard's does at a near tie)."""
+from k3_model.dispatch import OpScope
+from k3_model.ops.moe_dispatch import moe_route_dispatch_standard, selection_scores
+
+SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)
+SWAP_BELOW = 1e-3
+
+
+def moe_route_dispatch(router_logits, e_score_correction_bias, token_valid, *, top_k, n_group, topk_group, **kw):
+    v, i = selection_scores(router_logits, e_score_correction_bias, n_group=n_group,
+                            topk_group=topk_group).topk(top_k + 1, dim=-1)
+    rows = ((v[:, top_k - 1] - v[:, top_k]) < SWAP_BELOW).nonzero().flatten()
+    logits = router_logits.clone()
+    logits[rows, i[rows, top_k - 1]] = -1e4  # the last of the top-k drops out; the next one comes in
+    moe_route_dispatch_standard(logits, e_score_correction_bias, token_valid, top_k=top_k, n_group=n_group,
+                                topk_group=topk_group, **kw)
+'''
+
+
+@pytest.mark.slow
+def test_a_flip_at_a_routing_near_tie_ends_that_sequence_and_a_wider_one_fails(tmp_path, monkeypatch):
+    """One kernel swapping the experts at every routing gap below 1e-3: judged with the near-tie bound
+    raised to 1e-3 it PASSes, each sequence compared up to its first swap; at the real bound (1e-5) the
+    same swaps are wrong routing and the verdict names the first one."""
+    import guards.model_eval as me
+
+    wt = _worktree(tmp_path)
+    (wt / "k3_model/kernels/moe_dispatch").mkdir(parents=True, exist_ok=True)
+    (wt / "k3_model/kernels/moe_dispatch/__init__.py").write_text(NEAR_TIE_KERNEL)
+    ctx = _ctx(tmp_path, wt)
+
+    v = ModelEvalGuard(SMALL).check(ctx)
+    assert v.status is Status.FAIL, v.summary
+    assert "the routing first differs at sequence " in v.summary and "beyond the near-tie bound 1e-05" in v.summary
+    ev = {e.name: e.value for e in v.evidence}
+    assert ev["routing_near_ties"] == 0 and ev["compared_tokens"] == SMALL.batch * SMALL.generate_tokens
+
+    monkeypatch.setattr(me, "ROUTING_TIE_MARGIN", 1e-3)
+    v = ModelEvalGuard(SMALL).check(ctx)
+    assert v.status is Status.PASS, v.summary
+    ev = {e.name: e.value for e in v.evidence}
+    assert ev["routing_near_ties"] >= 1 and ev["compared_tokens"] < SMALL.batch * SMALL.generate_tokens
+    assert "judged up to a routing near tie: sequence " in v.summary
