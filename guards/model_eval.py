@@ -189,7 +189,6 @@ def first_routing_divergence(std_scores, std_ids, cand_ids, sequence: int) -> Ro
     Raises:
         ValueError: the three tensors disagree in shape (a child returned a malformed record).
     """
-    import torch
 
     if std_ids.shape != cand_ids.shape or std_scores.shape[:3] != std_ids.shape[:3]:
         raise ValueError(f"model_eval: routing records disagree in shape: standard scores {tuple(std_scores.shape)}, "
