@@ -733,14 +733,20 @@ bench/results/cpu/red_team_session12.md."""
 
 def _mean_regression(task, device: str, rec: dict, seed: int) -> tuple[float, tuple[float, float], bool]:
     """``(ratio, interval, fails)`` of the candidate's mean wall time per call over the baseline's for one
-    workload's record (wall clock on both devices: waits included); see :data:`MEAN_SLACK`."""
-    from kernels.stats import bootstrap_mean_ratio_ci
-
+    workload's record (wall clock on both devices: waits included); see :data:`MEAN_SLACK`. Computed once
+    per distinct samples, like :func:`classify_once` (the guard asks up to four times between timings)."""
     b, k = rec["baseline"], rec["candidate"]
     max_reg, _ = task.perf.regression_test(device)
-    ratio, lo, hi = bootstrap_mean_ratio_ci(list(k.wall_us), list(b.wall_us), confidence=task.perf.confidence,
-                                            seed=seed)
+    ratio, lo, hi = _mean_ratio_ci(tuple(k.wall_us), tuple(b.wall_us), task.perf.confidence, seed)
     return ratio, (lo, hi), lo > 1.0 + MEAN_SLACK * max_reg / 100.0
+
+
+@functools.lru_cache(maxsize=64)
+def _mean_ratio_ci(cand_us: tuple[float, ...], base_us: tuple[float, ...], confidence: float,
+                   seed: int) -> tuple[float, float, float]:
+    from kernels.stats import bootstrap_mean_ratio_ci
+
+    return bootstrap_mean_ratio_ci(list(cand_us), list(base_us), confidence=confidence, seed=seed)
 
 
 def _classify_rec(task, device: str, rec: dict, claimed: bool, seed: int) -> dict:

@@ -53,10 +53,7 @@ def bootstrap_ratio_ci(
     ib = torch.randint(0, b.numel(), (resamples, b.numel()), generator=g)
     ma = _median_rows(a[ia])
     mb = _median_rows(b[ib])
-    ratios = torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)).sort().values
-    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
-    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
-    return float(ratios[lo_i]), float(ratios[hi_i])
+    return _percentile_interval(torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)), confidence)
 
 
 def bootstrap_mean_ratio_ci(
@@ -90,10 +87,8 @@ def bootstrap_mean_ratio_ci(
     g = torch.Generator().manual_seed(seed)
     ma = a[torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)].mean(dim=1)
     mb = b[torch.randint(0, b.numel(), (resamples, b.numel()), generator=g)].mean(dim=1)
-    ratios = torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)).sort().values
-    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
-    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
-    return float(a.mean() / b.mean()), float(ratios[lo_i]), float(ratios[hi_i])
+    lo, hi = _percentile_interval(torch.where(mb > 0, ma / mb, torch.full_like(ma, math.inf)), confidence)
+    return float(a.mean() / b.mean()), lo, hi
 
 
 def bootstrap_median_ci(
@@ -119,10 +114,17 @@ def bootstrap_median_ci(
         raise ValueError("bootstrap_median_ci needs a non-empty sample.")
     g = torch.Generator().manual_seed(seed)
     a = torch.tensor(list(xs), dtype=torch.float64)
-    meds = _median_rows(a[torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)]).sort().values
-    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
-    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
-    return float(meds[lo_i]), float(meds[hi_i])
+    return _percentile_interval(_median_rows(a[torch.randint(0, a.numel(), (resamples, a.numel()), generator=g)]),
+                                confidence)
+
+
+def _percentile_interval(stats, confidence: float) -> tuple[float, float]:
+    """The two-sided percentile interval of the 1-D bootstrap statistics ``stats`` (a tensor) at ``confidence``."""
+    s = stats.sort().values
+    n = s.numel()
+    lo_i = int(math.floor((1 - confidence) / 2 * n))
+    hi_i = min(n - 1, int(math.ceil((1 + confidence) / 2 * n)) - 1)
+    return float(s[lo_i]), float(s[hi_i])
 
 
 def _median_rows(x):
@@ -197,10 +199,7 @@ def paired_ratio_ci(
     r = a / b
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, r.numel(), (resamples, r.numel()), generator=g)
-    meds = _median_rows(r[idx]).sort().values
-    lo_i = int(math.floor((1 - confidence) / 2 * resamples))
-    hi_i = min(resamples - 1, int(math.ceil((1 + confidence) / 2 * resamples)) - 1)
-    return float(_median_rows(r.unsqueeze(0))[0]), (float(meds[lo_i]), float(meds[hi_i]))
+    return float(_median_rows(r.unsqueeze(0))[0]), _percentile_interval(_median_rows(r[idx]), confidence)
 
 
 def wilcoxon_greater(x: Sequence[float], y: Sequence[float]) -> float:

@@ -293,5 +293,6 @@ def test_a_kernel_that_slows_down_after_the_timed_window_fails_its_late_recheck(
     rows = {r["name"]: r for r in ctx.artifacts.perf}
     listed = rows[ctx.task.perf.workloads[0]]
     assert listed["late_recheck_gap"] is not None and "late recheck" in listed["implementation"], listed
-    assert listed["verdict"] in ("regression", "mean_regression", "no_gain"), listed["verdict"]
+    # slower on the CPU clock; under load its 3 ms calls are also preempted more than the baseline's (waits)
+    assert listed["verdict"] in ("regression", "mean_regression", "no_gain", "waits"), listed["verdict"]
     assert "when timed again late (after " in v.summary, v.summary
