@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
+import inspect
 import os
 import struct
 import sys
@@ -514,16 +515,19 @@ def _model_eval(req):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[req.get("dtype", "float32")]
     model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=dtype, device=req["device"])
     s = req["settings"]
+    # a worktree whose k3_model predates routing records (a candidate on an older base) runs without them:
+    # the guard then excuses no routing near tie (guards/model_eval.py, "Routing near ties")
+    record = {"record_routing": True} if req.get("record_routing") and "record_routing" in inspect.signature(
+        generate).parameters else {}
     res = generate(model, req["prompts"], s["generate_tokens"], decode_backend=req["decode_backend"],
-                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"],
-                   record_routing=bool(req.get("record_routing")))
+                   forced=req.get("forced"), prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"], **record)
     mla = [c for c in res.cache.layers if hasattr(c, "pages_allocated")]
     return {"tokens": res.tokens, "logprobs": res.logprobs, "argmax": res.argmax, "margin": res.margin,
             "implementations": {ph: res.implementation_counts(ph) for ph in ("prefill", "decode")},
             "forward_calls": {ph: sum(1 for st in res.steps if st["phase"] == ph) for ph in ("prefill", "decode")},
             "mla_pages": mla[0].pages_allocated if mla else 0, "context_tokens": res.cache.length,
             "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules,
-            "routing_scores": res.routing_scores, "routing_ids": res.routing_ids}
+            "routing_scores": getattr(res, "routing_scores", None), "routing_ids": getattr(res, "routing_ids", None)}
 
 
 def _init_group(d, device):
