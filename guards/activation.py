@@ -19,11 +19,14 @@ Source: issue 2 guard 3; issue 12 item 4; DESIGN.md "K3 ops and the decode backe
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
 
 from guards.base import GuardContext
 from guards.verdict import Evidence, Status, Verdict
 from k3_model.dispatch import BatchInfo, OpScope, ScopeError, op_shape_domain, parse_scope, route, shape_rule_admits
+
+logger = logging.getLogger(__name__)
 
 LS = "latency_specialized"
 
@@ -326,8 +329,12 @@ class ActivationGuard:
                                   tp=case.get("world_size", 1), op=task.op,
                                   shapes=case_shapes(task, case["axes"])) else "standard"
             expected_ls += expect == LS
-            seen = [d.get("implementation") for calls in ctx.artifacts.traces.get(case["name"], []) for d in calls
-                    if d.get("op") == task.op]
+            decisions = [d for calls in ctx.artifacts.traces.get(case["name"], []) for d in calls
+                         if d.get("op") == task.op]
+            for d in decisions:  # the child's dispatch decisions, shown here under -v (the child logs to its pipe)
+                logger.debug("%s: dispatch %s -> %s (%s; batch %s, phase %s)", case["name"], d.get("op"),
+                             d.get("implementation"), d.get("reason"), d.get("batch_size"), d.get("phase"))
+            seen = [d.get("implementation") for d in decisions]
             if not seen:
                 wrong.append((case["name"], batch, expect, "never dispatched"))
             elif any(s != expect for s in seen):

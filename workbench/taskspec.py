@@ -1040,7 +1040,45 @@ def load_task(repo_root: Path, task_id: str) -> TaskSpec:
             f"Task {task_id!r}: no {path.relative_to(repo_root) if path.is_relative_to(repo_root) else path}; "
             f"known tasks: {known}. Check the id or add the task folder."
         )
-    return load_task_file(path)
+    spec = load_task_file(path)
+    check_target(repo_root, spec)
+    return spec
+
+
+def check_target(repo_root: Path, spec: TaskSpec) -> None:
+    """Check, without importing anything, that ``spec.target`` (``module:function``) names a module file of
+    the checkout that defines that function at its top level (a ``def``, or a name bound by assignment
+    or import). Otherwise every candidate's correctness run would fail on the task's own mistake.
+
+    Raises:
+        TaskSpecError: the module file is missing or does not parse, or it does not define the function;
+            the message names the task.toml, the target and what the module defines.
+    """
+    module, func = spec.target.split(":")
+    where = f"Task {spec.task_id!r} ({Path(spec.root) / 'task.toml'})"
+    base = Path(repo_root).joinpath(*module.split("."))
+    src = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+    if src is None:
+        raise TaskSpecError(f"{where}: target {spec.target!r} names module {module}, but neither "
+                            f"{base.with_suffix('.py').relative_to(repo_root)} nor "
+                            f"{(base / '__init__.py').relative_to(repo_root)} exists; fix 'target'.")
+    try:
+        tree = ast.parse(src.read_text(encoding="utf-8"), filename=str(src))
+    except SyntaxError as exc:
+        raise TaskSpecError(f"{where}: target module {src.relative_to(repo_root)} does not parse: {exc}.") from None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    if func not in names:
+        defined = sorted(n for n in names if not n.startswith("_") and n.islower())
+        raise TaskSpecError(f"{where}: target {spec.target!r}: {src.relative_to(repo_root)} defines no top-level "
+                            f"{func!r}; it defines {', '.join(defined[:12]) or 'nothing public'}. Fix 'target'.")
 
 
 def load_any(path_or_id: str, repo_root: Path) -> TaskSpec:

@@ -107,6 +107,23 @@ def test_narrow_scope_passes_activation_and_records_fallbacks(project_repo, tmp_
     assert impl["k3_t8"] == "latency_specialized" and impl["k3_t16"] == "standard" and impl["k3_t64"] == "standard"
 
 
+@pytest.mark.slow
+def test_activation_logs_every_dispatch_decision_for_verbose_runs(project_repo, tmp_path, caplog):
+    """``-v`` shows the dispatch decisions (a new user's finding: the children decide, and their logs stay in
+    their pipes): the activation guard logs each configuration's decisions from the child's trace."""
+    import logging
+
+    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=8")
+    ctx = _candidate(project_repo, tmp_path, src, "narrow-logged")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS
+    with caplog.at_level(logging.DEBUG, logger="guards.activation"):
+        assert ActivationGuard().check(ctx).status is Status.PASS
+    lines = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records}
+    assert "dispatch moe_dispatch -> latency_specialized (in scope" in lines["k3_t8"]
+    assert "dispatch moe_dispatch -> standard (out of declared scope: batch 16 outside [1, 8]; batch 16" in lines["k3_t16"]
+    assert len({r.getMessage().split(":")[0] for r in caplog.records}) == len(ctx.artifacts.cases)
+
+
 def test_scope_excess_lists_every_excess():
     task = load_task(Path(__file__).resolve().parents[2], "k3_moe_dispatch")
     out = scope_excess({"devices": ["cpu", "tpu"], "phases": ["decode", "prefill"], "tp_sizes": [1, 8],

@@ -191,3 +191,20 @@ def test_eval_constraint_refuses_non_bool_missing_names_and_code():
     for bad in ("E.real > 0", "E[0] > 0", "'a' == 'a'", "open('x') == 1", "lambda: 1"):
         with pytest.raises(ValueError, match="uses"):
             check_constraint(bad)
+
+
+def test_a_target_the_checkout_does_not_define_is_the_tasks_error():
+    """A new user's finding: a task.toml whose target names no function made every candidate's
+    correctness FAIL ("the candidate's code did not complete") with exit 1; the task loads with a clear
+    error now, naming the task.toml (exit 2 from the CLI)."""
+    from workbench.errors import TaskSpecError
+    from workbench.taskspec import check_target
+
+    t = load_task(REPO, "k3_moe_dispatch")
+    check_target(REPO, t)  # the real target passes
+    with pytest.raises(TaskSpecError, match=r"k3_model/ops/moe_dispatch.py defines no top-level 'nope'; it "
+                                            r"defines .*moe_route_dispatch.*\. Fix 'target'"):
+        check_target(REPO, t.model_copy(update={"target": "k3_model.ops.moe_dispatch:nope"}))
+    with pytest.raises(TaskSpecError, match=r"names module k3_model.ops.no_such_op, but neither "
+                                            r"k3_model/ops/no_such_op.py nor k3_model/ops/no_such_op/__init__.py"):
+        check_target(REPO, t.model_copy(update={"target": "k3_model.ops.no_such_op:f"}))
