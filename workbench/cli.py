@@ -200,7 +200,7 @@ def run(
     candidate: str | None = typer.Option(None, "--candidate", "-c", help="A .patch file, an overlay folder, or a branch."),
     base: BaseOpt = None,
     device: DeviceOpt = "auto",
-    seed: int | None = typer.Option(None, help="Run-time seed (default: random, recorded in the result)."),
+    seed: int | None = typer.Option(None, min=0, max=2**31 - 1, help="Run-time seed, 0 to 2**31 - 1 (default: random, recorded in the result)."),
     repo: RepoOpt = None,
     no_queue: NoQueueOpt = False,
     model_eval_vllm: ModelEvalVllmOpt = False,
@@ -367,7 +367,7 @@ def verify(
     branch: str = typer.Option(..., "--branch", "-b", help="Branch (or commit) holding the candidate."),
     base: str | None = typer.Option(None, help="Base revision (default: merge-base with HEAD)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
-    seed: int | None = typer.Option(None, help="Run-time seed."),
+    seed: int | None = typer.Option(None, min=0, max=2**31 - 1, help="Run-time seed, 0 to 2**31 - 1."),
     repo: Path | None = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
     model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "

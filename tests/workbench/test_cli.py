@@ -69,6 +69,8 @@ def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subc
     (["run", "k3_moe_dispatch", "--candidate", "missing.patch"], "not a patch file, not a folder"),
     (["run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "tpu"], "--device 'tpu': expected cpu, cuda or auto"),
     (["report", "nope.json"], "does not exist"),
+    (["run", "k3_moe_dispatch", "--candidate", GOOD, "--seed", "-5"], "greater than or equal to 0"),
+    (["run", "k3_moe_dispatch", "--candidate", GOOD, "--seed", "99999999999999999999"], "less than or equal to 2147483647"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(project_repo, args, message):
     p = wb(project_repo, *args)
