@@ -7,7 +7,8 @@ comment, whitespace or docstring edit is the same candidate). Each judging appen
 
 - a guard that found the candidate wrong before (a FAIL of isolation, audit, correctness, activation
   or model_eval; their inputs are fresh each time, so a failure is evidence about the kernel) fails it
-  again, naming the earlier result: a later lucky draw does not erase a found bug;
+  again, naming the earlier result: a later lucky draw does not erase a found bug (when this judging
+  found it wrong too, at that guard or an earlier one, its own finding leads the summary);
 - the perf guard's configurations are re-classified on the pooled pairs of every judging (the same
   paired statistics, more pairs), so k attempts do not give k chances at a noisy gain.
 
@@ -201,11 +202,20 @@ def pool(task, verdicts: list[Verdict], perf: list[dict], earlier: list[Judging]
         o, v = carried
         names = [x.guard for x in verdicts]
         i = names.index(v.guard) if v.guard in names else len(verdicts)
-        fail = Verdict(guard=v.guard, status=Status.FAIL,
-                       summary=f"Judging {n} of the same candidate content: judging of {o.result_id} (seed "
-                               f"{o.seed}) found it wrong, and a later draw does not undo that: {v.summary}",
-                       evidence=(Evidence(name="earlier_result", value=o.result_id),
-                                 Evidence(name="judging", value=n, unit="count"), *v.evidence[:8]))
+        own = next((x for x in verdicts[:i + 1] if x.guard in CARRIED_GUARDS and x.status is Status.FAIL), None)
+        if own is not None:  # this judging found it wrong too, at the same guard or earlier: its own words first
+            i = names.index(own.guard)
+            fail = own.model_copy(update={
+                "summary": f"{own.summary.rstrip('.')}. (Judging {n} of the same candidate content; judging "
+                           f"{o.result_id} (seed {o.seed}) found it wrong too, at {v.guard}.)",
+                "evidence": (*own.evidence, Evidence(name="earlier_result", value=o.result_id),
+                             Evidence(name="judging", value=n, unit="count"))})
+        else:
+            fail = Verdict(guard=v.guard, status=Status.FAIL,
+                           summary=f"Judging {n} of the same candidate content: judging of {o.result_id} (seed "
+                                   f"{o.seed}) found it wrong, and a later draw does not undo that: {v.summary}",
+                           evidence=(Evidence(name="earlier_result", value=o.result_id),
+                                     Evidence(name="judging", value=n, unit="count"), *v.evidence[:8]))
         out = verdicts[:i] + [fail] + [
             Verdict(guard=x.guard, status=Status.SKIP, summary=f"Not run: {v.guard} did not pass.")
             for x in verdicts[i + 1:]]

@@ -180,3 +180,23 @@ def test_ledger_skips_a_partial_line(tmp_path, monkeypatch):
         f.write('{"key": "k", "result_')
     assert retries.earlier_judgings(tmp_path, "k") == [j]
     assert retries.earlier_judgings(tmp_path, "other") == []
+
+
+def test_a_judging_that_fails_again_leads_with_its_own_finding(project_repo, tmp_path):
+    """A new user's finding: a rerun's summary quoted the earlier judging's failure (other experts, another
+    seed) while this run's own table showed its own; now this judging's failure leads, the earlier one named."""
+    task = load_task(project_repo, "k3_moe_dispatch")
+    old = Verdict(guard="correctness", status=Status.FAIL, summary="k3_t33: missing experts [847], extra [848].",
+                  evidence=(Evidence(name="first_mismatch", value="k3_t33"),))
+    p = _result(tmp_path, "k3_moe_dispatch-1-x", [], (old,))
+    earlier = [retries.Judging(key="k", result_id="k3_moe_dispatch-1-x", result_path=str(p), accepted=False,
+                               failed_guard="correctness")]
+    verdicts = [Verdict(guard="correctness", status=Status.FAIL, summary="k3_t33: missing experts [559], extra [560].",
+                        evidence=(Evidence(name="first_mismatch", value="k3_t33"),)),
+                Verdict(guard="activation", status=Status.SKIP, summary="Not run: correctness did not pass.")]
+    pooled = retries.pool(task, verdicts, [], earlier, device="cpu")
+    v = pooled.verdicts[0]
+    assert v.status is Status.FAIL and v.summary.startswith("k3_t33: missing experts [559], extra [560]. (Judging 2 ")
+    assert "judging k3_moe_dispatch-1-x (seed 1) found it wrong too, at correctness.)" in v.summary
+    assert {e.name: e.value for e in v.evidence}["earlier_result"] == "k3_moe_dispatch-1-x"
+    assert [x.status for x in pooled.verdicts] == [Status.FAIL, Status.SKIP]
