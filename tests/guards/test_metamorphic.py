@@ -271,6 +271,14 @@ def test_allreduce_relation_is_bitwise():
     lines = _relation(task, c, a, b)
     assert len(lines) == 1 and lines[0].startswith(f"x[1, 0] of the twin (token {perm[1]} of the original): expected ")
     assert lines[0].endswith(f"1 of {b['x'].shape[0]} rows differ (bitwise)"), lines
+    # a NaN matches any NaN (payload and sign are no contract); a NaN against a number still breaks the pair
+    x[1, 0] ^= 1
+    a["x"][perm[2], 3] = float("nan")
+    x[2, 3] = torch.tensor(float("nan"), dtype=torch.bfloat16).view(torch.int16) | 0x7  # other payload
+    x[2, 3] |= -0x8000  # and the sign bit
+    assert _relation(task, c, a, b) == []
+    x[2, 3] = 0
+    assert len(_relation(task, c, a, b)) == 1
 
 
 # --- the guard ---
