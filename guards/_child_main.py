@@ -212,9 +212,10 @@ def _correctness_case(fn, fc, rt, req, case):
     backend = req["decode_backend"]
     results = []
 
-    def one(inputs, label):
+    def one(inputs, label, threads):
         outs = _buffers(case["outputs"], device)
-        rec = {"label": label, "error": None, "trace": []}
+        rec = {"label": label, "error": None, "trace": [], "torch_threads": threads}
+        _set_call_threads(threads)
         _barrier()
         try:
             trace = _call(fn, fc, rt, backend, case["phase"], inputs, outs, case["kwargs"])
@@ -232,17 +233,45 @@ def _correctness_case(fn, fc, rt, req, case):
                 rec["error"] = problem
         return rec
 
+    threads = _call_threads()
     buf = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
-    results.append(one(buf, "a_fresh"))
+    results.append(one(buf, "a_fresh", threads[0]))
     for k, v in case["inputs_b"].items():  # same storage, new data: defeats caches keyed by pointer
         buf[k].copy_(v.to(device))
-    results.append(one(buf, "b_reused_buffers"))
+    results.append(one(buf, "b_reused_buffers", threads[1]))
     fresh = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
-    results.append(one(fresh, "a_repeat"))
+    results.append(one(fresh, "a_repeat", threads[2]))
+    _set_call_threads(threads[0])
     out = {"name": case["name"], "calls": results}
     if case.get("graph") and device == "cuda" and _ran_kernel(results[0]["trace"], req["op"]):
         out["graph"] = _graph_case(fn, fc, rt, req, case)
     return out
+
+
+def _call_threads():
+    """torch intra-op threads for a correctness case's three calls: the child's own (1, from
+    ``OMP_NUM_THREADS``), a random count in [2, cores], and every core (what a server sets): a kernel that
+    behaves differently by thread count meets the reference under each (session 13's red team: one
+    skipped the selection bias whenever ``torch.get_num_threads() != 1``, which no judge's child showed)."""
+    import torch
+
+    own = torch.get_num_threads()
+    cores = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
+    return own, _RNG.randint(2, cores), cores
+
+
+def _set_call_threads(n):
+    """Set torch's intra-op threads to ``n`` for the next call, and make it the state the runtime checks
+    expect after the call (a change by candidate code is still caught)."""
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+        torch.ones(1 << 20).add_(1).sum()  # start the intra-op pool's threads here, not inside the call
+        torch.ones(256, 256) @ torch.ones(256, 256)
+    if _CHECK["torch_state"] is not None:
+        _CHECK["torch_state"] = {**_CHECK["torch_state"], "num_threads": torch.get_num_threads()}
+        _CHECK["threads"] = max(_CHECK["threads"], _H.threads())  # the pool's threads are the harness's
 
 
 def _ran_kernel(trace, op):
