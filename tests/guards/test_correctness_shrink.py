@@ -11,7 +11,7 @@ from workbench.pipeline import judge_candidate
 from workbench.taskspec import load_task
 from workbench.worktree import create_candidate
 
-FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-wrong-only-at-block-32-ungrouped"
+FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-wrong-only-at-block-32-ungrouped.inject.toml"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import SUITE_MODEL_EVAL
 
 GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
-BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input"
+BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input.inject.toml"
 
 
 def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.CompletedProcess:
