@@ -16,7 +16,8 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   refills its buffers in place, a model passes fresh activations), and where the code was loaded from
   (``__file__``, ``__spec__``, ...); a kernel computes the same thing in both, so it has no use for them
   (session 7's red team: ``sys.flags.isolated``, ``_version > 0``; session 10's: the checkout's shape);
-- ``timer``: ``perf_counter``, ``monotonic``, ``torch.cuda.Event``, ``elapsed_time``;
+- ``timer``: ``perf_counter``, ``monotonic``, ``torch.cuda.Event``, ``elapsed_time``; ``clock``: ``datetime``,
+  ``calendar``, ``zoneinfo`` (a date tells today's judging from a later serving; ``uuid`` is process identity);
 - ``side-stream``: creating or switching CUDA streams (work the timer's stream does not wait for);
 - ``harness-reference``: names or strings pointing at the task's reference, the guards, the
   workbench, the standard path (``*_standard``) or the dispatcher's internals (anything from
@@ -73,6 +74,9 @@ FORBIDDEN_MODULES = {
     "asyncio": "event loop", "signal": "signals", "faulthandler": "signals", "resource": "process limits",
     "fcntl": "file control", "mmap": "shared memory", "select": "fds", "selectors": "fds",
     "time": "timer", "timeit": "timer", "sched": "timer",
+    # a date or clock tells today's judging from a later serving (session 13's red team: a kernel that drops
+    # the selection bias from a date on); uuid1 carries the clock and the host
+    "datetime": "clock", "calendar": "clock", "zoneinfo": "clock", "uuid": "process identity",
     "platform": "process identity", "getpass": "process identity", "pwd": "process identity",
     "grp": "process identity", "sysconfig": "process identity",
     "inspect": "introspection", "gc": "introspection", "tracemalloc": "introspection", "trace": "introspection",

@@ -32,6 +32,9 @@ BAD = [
     ("forbidden-import", "import ctypes\n", 1),
     ("forbidden-import", "import socket\n", 1),
     ("forbidden-import", "import time\n", 1),
+    ("forbidden-import", "import datetime\n", 1),  # session 13's red team: a date bomb
+    ("forbidden-import", "from datetime import date\n", 1),
+    ("forbidden-import", "import uuid\n", 1),
     ("forbidden-import", "from tasks.k3_moe_dispatch import reference\n", 1),
     ("forbidden-import", "import guards.perf\n", 1),
     ("forbidden-import", "from workbench import pipeline\n", 1),
