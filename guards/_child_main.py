@@ -634,11 +634,11 @@ def _serve(fn, fc, rt, req, nonce):
             spec = sv["workloads"][w]
             layout, slot_bytes = _P.slot_layout(spec["inputs"], spec["outputs"])
             host = [_P.views(buf, i * slot_bytes, layout, spec["inputs"], spec["outputs"]) for i in range(_P.SLOTS)]
-            # the candidate gets ordinary tensors (not views of the shared memory), as in the model: the
-            # outputs are allocated here once per slot, the inputs (and in-place outputs) anew at every load
+            # the candidate gets ordinary tensors (not views of the shared memory), as in the model: inputs
+            # and outputs are allocated anew at every load (these first ones only hold the earlier outputs)
             dev = [({}, {k: torch.empty(tuple(s["shape"]), device=device, dtype=getattr(torch, s["dtype"]))
                          for k, s in spec["outputs"].items() if not s.get("inplace")}) for _ in host]
-            cur = {"spec": spec, "host": host, "dev": dev, "name": spec["name"]}
+            cur = {"spec": spec, "host": host, "dev": dev, "name": spec["name"], "released": [[] for _ in host]}
             impls.setdefault(spec["name"], [])
             events.setdefault(spec["name"], [])
             ack(b"k")
@@ -648,19 +648,29 @@ def _serve(fn, fc, rt, req, nonce):
             # kernel cannot tell the judge's inputs from serving ones by address or ``_version`` (session 7's
             # red team: a kernel fast only on buffers refilled in place, ``_version > 0``)
             d_in = {k: v.clone() if device == "cpu" else v.to(device) for k, v in h_in.items()}
+            # fresh outputs too, as the model allocates them per call (session 13's red team: a kernel that
+            # pays only when an output buffer is new, and one that hangs work on its outputs for when they
+            # are freed, were accepted while the outputs lived on per slot); the earlier call's tensors are
+            # kept and released inside the next timed call of this slot, so whatever their release runs
+            # (finalizers hung on them) is charged to a timed call, on both sides alike
+            cur["released"][slot].append(cur["dev"][slot])
+            new_out = {}
             for k, s in cur["spec"]["outputs"].items():
-                if s.get("inplace"):
-                    d_out[k] = d_in[k]
-            cur["dev"][slot] = (d_in, d_out)
+                new_out[k] = d_in[k] if s.get("inplace") else torch.empty_like(d_out[k])
             # what the outputs hold before the call varies call by call, as a caller's buffers do: invalid
             # garbage, zeros, or the outputs an earlier call left (a kernel that takes a fast path only when
             # it sees the judge's poison runs its other path on two calls in three; every call is checked)
             mode = _RNG.randrange(3)
             for k, s in cur["spec"]["outputs"].items():
                 if not s.get("inplace") and mode == 0:
-                    d_out[k].fill_(_P.poison_value(s, _RNG))
+                    new_out[k].fill_(_P.poison_value(s, _RNG))
                 elif not s.get("inplace") and mode == 1:
-                    d_out[k].zero_()
+                    new_out[k].zero_()
+                elif not s.get("inplace"):
+                    new_out[k].copy_(d_out[k])
+            d_out = new_out
+            del new_out
+            cur["dev"][slot] = (d_in, d_out)
             if device == "cuda":
                 flush()
                 _SYNC()
@@ -674,6 +684,7 @@ def _serve(fn, fc, rt, req, nonce):
                 if device == "cuda":
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
+                cur["released"][slot].clear()  # the earlier call's tensors of this slot go here, timed (LOAD)
                 with rt() as trace, fc(decode_backend=backend, phase=spec["phase"], tp_size=1):
                     fn(**ins, **spec["kwargs"], **outs)
                 if device == "cuda":
