@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from k3_model.ops.lse_merge import lse_merge
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch, selection_scores
 
 L2_EPS = 1e-6
@@ -29,6 +30,14 @@ L2_EPS = 1e-6
 
 MOE_ALIGN_BLOCK = 16
 """Block size the model asks ``moe_route_dispatch`` to align to (rows of a Triton expert tile)."""
+
+SPLIT_KV_MIN_PAGES = 2
+"""The absorbed (decode) MLA step over an :class:`MLACache` holding at least this many pages splits the
+attention by page (one chunk of ``page_tokens`` keys each, flash-decoding style) and merges the chunks'
+partial outputs with the ``lse_merge`` op (:func:`split_kv_pages`). Two pages: the model eval's contexts
+(1024 + 129 and 2048 + 256 tokens in pages of 256; 192 + 64 in pages of 64 in its bfloat16 leg) all
+cross it, so every decode step there merges 4-9 chunks.
+Source: issue 14 item 2 (split-KV MLA decode once the context passes a threshold); kernel_targets.md §4."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,6 +456,54 @@ class StaticMLACache:
         return self._slots <= pos_q
 
 
+def split_kv_pages(cache: MLACache | StaticMLACache) -> int:
+    """Pages the decode step splits the attention into: the pages holding ``cache.length`` tokens when
+    that is at least :data:`SPLIT_KV_MIN_PAGES` (an :class:`MLACache`), else 0 (one unsplit softmax; a
+    :class:`StaticMLACache` never splits: its length lives on the device)."""
+    if not isinstance(cache, MLACache):
+        return 0
+    pages = -(-cache.length // cache.page_tokens)
+    return pages if pages >= SPLIT_KV_MIN_PAGES else 0
+
+
+def _split_kv_latent(q_lat: torch.Tensor, q_pe: torch.Tensor, cache: MLACache, pages: int, *,
+                     scale: float) -> torch.Tensor:
+    """Absorbed MLA attention split by cache page, merged by log-sum-exp (the ``lse_merge`` op).
+
+    Page n holds stored tokens ``[n P, (n + 1) P)``, P = ``cache.page_tokens``; slots past the length
+    are masked like future tokens. Each page gives its partial latent output (softmax over the page's
+    visible keys, fp32) and its LSE (base e); a page with no visible key (only when T > 1) has LSE -inf
+    and a NaN partial output, which the merge weighs 0.
+
+    Args:
+        q_lat: (B, T, nh, L) absorbed queries. q_pe: (B, T, nh, r) rope parts.
+        cache: the layer's cache, the T new tokens appended; its storage spans at least ``pages`` pages.
+        pages: N chunks (:func:`split_kv_pages`).
+        scale: the softmax scale 1 / sqrt(n + r).
+
+    Returns:
+        (B, T, nh, L) float32: ``sum_s p(s) c(s)`` over every visible stored token.
+
+    Source: kernel_targets.md §4.2 (per-chunk LSE and partial output, merged); issue 14 item 2.
+    """
+    B, T, nh, L = q_lat.shape
+    P, S = cache.page_tokens, cache.length
+    c = cache.latent[:, :pages * P].float()  # (B, N*P, L), zeros past the length
+    k_pe = cache.k_pe[:, :pages * P].float()
+    scores = (torch.einsum("bthl,bsl->bhts", q_lat.float(), c) + torch.einsum("bthr,bsr->bhts", q_pe.float(), k_pe)) * scale
+    pos_q = torch.arange(S - T, S, device=c.device).view(T, 1)
+    visible = torch.arange(pages * P, device=c.device).view(1, -1) <= pos_q  # (T, N*P): causal, and s < S
+    scores = scores.masked_fill(~visible, float("-inf")).view(B, nh, T, pages, P)
+    lse = torch.logsumexp(scores, dim=-1)  # (B, nh, T, N)
+    p = torch.exp(scores - lse.unsqueeze(-1))
+    outs = torch.einsum("bhtnp,bnpl->nbthl", p, c.view(B, pages, P, L)).reshape(pages, B * T, nh, L).contiguous()
+    lses = lse.permute(3, 0, 2, 1).reshape(pages, B * T, nh).contiguous()
+    out = torch.empty(B * T, nh, L, dtype=torch.float32, device=c.device)
+    out_lse = torch.empty(B * T, nh, dtype=torch.float32, device=c.device)
+    lse_merge(outs, lses, base_e=True, out=out, out_lse=out_lse)
+    return out.view(B, T, nh, L)
+
+
 def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache, *, heads: int, nope: int, rope: int, v_dim: int,
                 kv_lora_rank: int, eps: float, absorbed: bool) -> torch.Tensor:
     """One gated NoPE MLA layer over T new tokens per sequence, attending to everything cached so far.
@@ -455,6 +512,9 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache
     ``o_h = sum_s p_h(s) v_h(s)``, ``out = o_proj(o * sigmoid(g_proj(x)))``. No rotary embedding.
     ``absorbed`` computes the same thing in the latent space (decode form: ``W_UK`` folded into the
     query, ``W_UV`` applied after attention); otherwise keys and values are expanded per head (prefill form).
+    The absorbed form over an :class:`MLACache` of at least :data:`SPLIT_KV_MIN_PAGES` pages attends page by
+    page and merges the pages with the dispatched ``lse_merge`` op (split-KV decode; equal to the unsplit
+    softmax up to fp32 rounding).
 
     Args:
         w: the layer's weights.
@@ -478,13 +538,19 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache
     c, k_pe = cache.view()  # (B, S, L), (B, S, r)
     wkv = w.kv_b_proj.view(heads, nope + v_dim, kv_lora_rank)
     w_uk, w_uv = wkv[:, :nope], wkv[:, nope:]  # (nh, n, L), (nh, dv, L)
+    scale = (nope + rope) ** -0.5
+    pages = split_kv_pages(cache) if absorbed else 0
+    if pages:  # decode over >= SPLIT_KV_MIN_PAGES pages: per-page attention, merged by LSE
+        q_lat = torch.einsum("bthn,hnl->bthl", q_nope, w_uk)
+        o_lat = _split_kv_latent(q_lat, q_pe, cache, pages, scale=scale)
+        return _mla_output(w, x, torch.einsum("bthl,hvl->bthv", o_lat, w_uv.float()), heads * v_dim)
     if absorbed:
         q_lat = torch.einsum("bthn,hnl->bthl", q_nope, w_uk)
         scores = torch.einsum("bthl,bsl->bhts", q_lat.float(), c.float())
     else:
         k_nope = torch.einsum("bsl,hnl->bshn", c, w_uk)
         scores = torch.einsum("bthn,bshn->bhts", q_nope.float(), k_nope.float())
-    scores = (scores + torch.einsum("bthr,bsr->bhts", q_pe.float(), k_pe.float())) * (nope + rope) ** -0.5
+    scores = (scores + torch.einsum("bthr,bsr->bhts", q_pe.float(), k_pe.float())) * scale
     visible = cache.visible(T)  # (T, S) causal
     p = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     if absorbed:
@@ -493,7 +559,13 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache
     else:
         v = torch.einsum("bsl,hvl->bshv", c, w_uv)
         o = torch.einsum("bhts,bshv->bthv", p, v.float())
-    o = o.reshape(B, T, heads * v_dim) * torch.sigmoid(F.linear(x, w.g_proj).float())
+    return _mla_output(w, x, o, heads * v_dim)
+
+
+def _mla_output(w: MLAWeights, x: torch.Tensor, o: torch.Tensor, width: int) -> torch.Tensor:
+    """``o_proj(o * sigmoid(g_proj(x)))`` for per-head outputs ``o`` (B, T, nh, dv) float32."""
+    B, T, _ = x.shape
+    o = o.reshape(B, T, width) * torch.sigmoid(F.linear(x, w.g_proj).float())
     return F.linear(o.to(x.dtype), w.o_proj)
 
 

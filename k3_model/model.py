@@ -42,11 +42,12 @@ from k3_model.layers import (
     situ_mlp,
 )
 
-DISPATCHED_OPS = ("moe_dispatch",)
+DISPATCHED_OPS = ("moe_dispatch", "lse_merge")
 """Dispatcher ops the model calls (``k3_model.dispatch.select``): the MoE routing of every LatentMoE
-layer. Other tasks' ops (e.g. ``dspark_verify``: speculative verification, which the standalone loop
-does not do) are not called; the model-eval guard skips those tasks, and checks this list against
-the trace of every run."""
+layer, and the split-KV LSE merge of every MLA decode step once the latent cache holds
+``layers.SPLIT_KV_MIN_PAGES`` pages (the model eval's contexts always do). Other tasks' ops (e.g.
+``dspark_verify``: speculative verification, which the standalone loop does not do) are not called;
+the model-eval guard skips those tasks, and checks this list against the trace of every run."""
 
 FP32_WEIGHTS = ("conv1d.weight", "A_log", "dt_bias", "o_norm.weight", "e_score_correction_bias")
 """Name suffixes of tensors stored and used in float32 (k3_architecture.md §2)."""

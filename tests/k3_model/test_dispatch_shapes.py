@@ -7,6 +7,7 @@ each op's ``SHAPE_DOMAIN`` mirrors its task's ``[domain.axes]``.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from pathlib import Path
@@ -16,18 +17,18 @@ import torch
 
 from k3_model import dispatch
 from k3_model.dispatch import DispatchError, OpScope, ScopeError, forward_context, parse_scope, record_trace
-from k3_model.ops import allreduce_rmsnorm, dspark_verify, moe_dispatch
+from k3_model.ops import allreduce_rmsnorm, moe_dispatch
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
-from workbench.taskspec import load_task
+from workbench.taskspec import list_task_ids, load_task
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = {"k3_moe_dispatch": moe_dispatch, "k3_dspark_verify": dspark_verify, "k3_allreduce_rmsnorm": allreduce_rmsnorm}
+TASK_IDS = list_task_ids(ROOT)  # every task folder; its op module is k3_model.ops.<task.op>
 
 
-@pytest.mark.parametrize("task_id", sorted(OPS))
+@pytest.mark.parametrize("task_id", TASK_IDS)
 def test_each_ops_shape_domain_mirrors_its_tasks_domain_axes(task_id):
     task = load_task(ROOT, task_id)
-    mod = OPS[task_id]
+    mod = importlib.import_module(f"k3_model.ops.{task.op}")
     world = task.distributed.world_size_axis if task.distributed else None
     want = {}
     for axis, spec in task.domain.axes.items():

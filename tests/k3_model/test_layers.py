@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from k3_model import dispatch
 from k3_model.layers import (
+    SPLIT_KV_MIN_PAGES,
     KDAState,
     KDAWeights,
     LatentMoEWeights,
@@ -24,6 +25,7 @@ from k3_model.layers import (
     rms_norm,
     route,
     situ_glu,
+    split_kv_pages,
 )
 
 
@@ -185,6 +187,57 @@ def test_mla_matches_naive_expansion(absorbed):
                     [mla_forward(w, x[:, t:t + 1], cache, absorbed=True, **kw) for t in range(3, 6)], 1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert cache.length == 6 and cache.pages_allocated == 2 and cache.latent.shape[1] == 8
+
+
+def test_mla_absorbed_chunk_with_pages_beyond_early_queries_matches_naive():
+    """Absorbed over T = 8 new tokens in pages of 3: the split-KV path runs, and the first queries see
+    no key of the last pages (empty chunks, LSE -inf, NaN partial outputs) which must weigh 0."""
+    w, x = _mla(), torch.randn(2, 8, 32, generator=_g(12))
+    want = _mla_naive_loops(w, x, 2, 8, 64, 8, 512, 1e-5)
+    cache = MLACache(2, 512, 64, dtype=torch.float32, device="cpu", page_tokens=3)
+    kw = dict(heads=2, nope=8, rope=64, v_dim=8, kv_lora_rank=512, eps=1e-5)
+    with dispatch.record_trace() as tr:
+        got = mla_forward(w, x, cache, absorbed=True, **kw)
+    assert split_kv_pages(cache) == 3 and [d.op for d in tr.decisions] == ["lse_merge"]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _decode_run(w, x, page_tokens, kw):
+    """Prefill x[:, :-4] (expanded), then decode the last 4 tokens one at a time (absorbed)."""
+    cache = MLACache(x.shape[0], 512, 64, dtype=x.dtype, device="cpu", page_tokens=page_tokens)
+    mla_forward(w, x[:, :-4], cache, absorbed=False, **kw)
+    return torch.cat([mla_forward(w, x[:, t:t + 1], cache, absorbed=True, **kw)
+                      for t in range(x.shape[1] - 4, x.shape[1])], 1), cache
+
+
+def test_split_kv_decode_equals_unsplit_attention_to_fp32_rounding():
+    """Decode over 300 tokens in pages of 64 (5 pages: split, 5 chunks merged by the lse_merge op)
+    against one page of 4096 (no split, one softmax): equal to fp32 rounding (measured 3.7e-7 of the
+    largest output; the bound is ~16 fp32 eps)."""
+    w = _mla(seed=3)
+    x = torch.randn(3, 300, 32, generator=_g(13)) * 2.0
+    kw = dict(heads=2, nope=8, rope=64, v_dim=8, kv_lora_rank=512, eps=1e-5)
+    with dispatch.record_trace() as tr:
+        split, cache = _decode_run(w, x, 64, kw)
+    assert split_kv_pages(cache) == 5 >= SPLIT_KV_MIN_PAGES
+    assert [d.batch_size for d in tr.decisions if d.op == "lse_merge"] == [3] * 4
+    with dispatch.record_trace() as tr1:
+        whole, cache1 = _decode_run(w, x, 4096, kw)
+    assert split_kv_pages(cache1) == 0 and not [d for d in tr1.decisions if d.op == "lse_merge"]
+    scale = whole.abs().amax()
+    assert float((split - whole).abs().max() / scale) < 2e-6  # fp32 eps 1.2e-7: a handful of roundings
+
+
+def test_split_kv_merge_goes_through_the_dispatcher_op():
+    w, x = _mla(), torch.randn(2, 10, 32, generator=_g(14))
+    kw = dict(heads=2, nope=8, rope=64, v_dim=8, kv_lora_rank=512, eps=1e-5)
+    cache = MLACache(2, 512, 64, dtype=torch.float32, device="cpu", page_tokens=4)
+    mla_forward(w, x[:, :9], cache, absorbed=False, **kw)
+    with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
+        mla_forward(w, x[:, 9:], cache, absorbed=True, **kw)
+    assert [(d.op, d.implementation, d.phase, d.batch_size) for d in tr.decisions] == \
+        [("lse_merge", "standard", "decode", 2)]
 
 
 def test_mla_cache_limit_is_a_clear_error():
