@@ -145,9 +145,10 @@ def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(p
     # the same content judged again is pooled with the first judging (workbench/retries.py): the same
     # failure, now also carried from the first result
     assert (first["judging"], again["judging"]) == (1, 2) and again["pooled_from"] == [first["result_id"]]
-    carried = again["verdicts"][2]["summary"]
-    assert carried.startswith("Judging 2 of the same candidate content") and carried.endswith(
-        first["verdicts"][2]["summary"])
+    carried = again["verdicts"][2]["summary"]  # this judging's own finding first, the earlier one named
+    assert carried.startswith(first["verdicts"][2]["summary"].rstrip(".")) and carried.endswith(
+        f"(Judging 2 of the same candidate content; judging {first['result_id']} (seed {seed}) found it wrong "
+        "too, at correctness.)")
 
 
 def _perf_not_judged_result(tmp_path: Path):
@@ -247,8 +248,7 @@ def test_tasks_shows_a_broken_task_toml_whole_and_exits_2(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(REPO_ROOT / "tasks/k3_moe_dispatch", repo / "tasks/k3_moe_dispatch", symlinks=True,
                     ignore=shutil.ignore_patterns("fixtures", "__pycache__"))
-    (repo / "k3_model").mkdir()
-    (repo / "k3_model/__init__.py").write_text("")
+    shutil.copytree(REPO_ROOT / "k3_model", repo / "k3_model", ignore=shutil.ignore_patterns("__pycache__"))
     broken = repo / "tasks/broken_task/task.toml"
     broken.parent.mkdir()
     broken.write_text("op = \n")
