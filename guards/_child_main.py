@@ -252,10 +252,14 @@ def _call_threads():
     """torch intra-op threads for a correctness case's three calls: the child's own (1, from
     ``OMP_NUM_THREADS``), a random count in [2, cores], and every core (what a server sets): a kernel that
     behaves differently by thread count meets the reference under each (session 13's red team: one
-    skipped the selection bias whenever ``torch.get_num_threads() != 1``, which no judge's child showed)."""
+    skipped the selection bias whenever ``torch.get_num_threads() != 1``, which no judge's child showed).
+    TP ranks (one child each, on shared cores) keep the child's own count: there the census saw a thread
+    start inside a gloo collective run under 2 threads (the honest native-RMSNorm kernel, session 13)."""
     import torch
 
     own = torch.get_num_threads()
+    if _TP["size"] > 1:  # TP ranks share the cores, and a thread started mid-collective reads as deferred work
+        return own, own, own
     cores = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
     return own, _RNG.randint(2, cores), cores
 
