@@ -465,7 +465,7 @@ def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")
     A task whose ``task.toml`` does not load is listed as invalid and its whole error is printed on
     stderr (one line per task); the valid tasks are still listed, and the exit code is then 2.
     """
-    from workbench.taskspec import list_task_ids, load_task
+    from workbench.taskspec import check_target, list_task_ids, load_task
 
     root = _root(repo)
     t = Table(title="tasks")
@@ -475,6 +475,7 @@ def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")
     for tid in list_task_ids(root):
         try:
             s = load_task(root, tid)
+            check_target(root, s)
         except WorkbenchError as exc:
             problems.append(exc)
             t.add_row(escape(tid), "[red]invalid[/]", "see the error below", "", "")

@@ -33,7 +33,7 @@ from workbench.results import (
     perf_was_judged,
     write_result,
 )
-from workbench.taskspec import TaskSpec, load_task
+from workbench.taskspec import TaskSpec, check_target, load_task
 from workbench.worktree import Candidate, create_candidate, open_repo, state_dir
 
 if TYPE_CHECKING:
@@ -281,6 +281,7 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     repo = open_repo(Path(repo_root))
     root = Path(repo.working_dir)
     task = load_task(root, task_id)
+    check_target(root, task)  # the task's own mistake, before any candidate is blamed for it (exit 2)
     dev = detect_device(device) if pool is None else pool.detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
     cand = create_candidate(root, task_id, source, base)
