@@ -248,6 +248,10 @@ def _correctness_case(fn, fc, rt, req, case):
     return out
 
 
+_POOLS_STARTED: set = set()
+"""Intra-op thread counts whose pool threads ``_set_call_threads`` has started in this process."""
+
+
 def _call_threads():
     """torch intra-op threads for a correctness case's three calls: the child's own (1, from
     ``OMP_NUM_THREADS``), a random count in [2, cores], and every core (what a server sets): a kernel that
@@ -271,8 +275,10 @@ def _set_call_threads(n):
 
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-        torch.ones(1 << 20).add_(1).sum()  # start the intra-op pool's threads here, not inside the call
-        torch.ones(256, 256) @ torch.ones(256, 256)
+        if n not in _POOLS_STARTED:  # start the intra-op pool's threads here, once a count, not inside the call
+            torch.ones(1 << 20).add_(1).sum()
+            torch.ones(256, 256) @ torch.ones(256, 256)
+            _POOLS_STARTED.add(n)
     if _CHECK["torch_state"] is not None:
         _CHECK["torch_state"] = {**_CHECK["torch_state"], "num_threads": torch.get_num_threads()}
         _CHECK["threads"] = max(_CHECK["threads"], _H.threads())  # the pool's threads are the harness's
