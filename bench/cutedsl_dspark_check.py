@@ -155,7 +155,16 @@ def _median_graph_us(graphs: dict, reps: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def timing(kernels: dict, inp, reps: int, batches: list[int], cases: list[str], bw: float) -> list[dict]:
+def _sweeps(cute_mod, x, B: int, D: int) -> dict[str, int]:
+    """How many sweeps over its row each verified position of the last CuTe DSL call took (value -> rows)."""
+    rowi = cute_mod._WORKSPACES[str(x["target_logits"].device)]["rowi"].view(-1, 4)[: B * (D + 1), 3].cpu()
+    n = x["num_draft_tokens"].cpu()
+    vals = [int(rowi[b * (D + 1) + i]) for b in range(B) for i in range(int(n[b]) + 1)]
+    return {str(v): vals.count(v) for v in sorted(set(vals))}
+
+
+def timing(kernels: dict, inp, reps: int, batches: list[int], cases: list[str], bw: float,
+           cute_mod=None) -> list[dict]:
     rows = []
     tiny = torch.cuda.CUDAGraph()
     z = torch.zeros(1, device="cuda")
@@ -178,14 +187,16 @@ def timing(kernels: dict, inp, reps: int, batches: list[int], cases: list[str], 
                 with torch.cuda.graph(g):
                     _call(launch, x, D, outs)
                 graphs[name] = g
+            sweeps = _sweeps(cute_mod, x, B, D) if cute_mod is not None else None
             med = _median_graph_us(graphs, reps)
             logit_bytes = B * (D + 1) * V * 2
             noise_bytes = B * V * 4
             row = {"case": case, "B": B, "graph_us": med, "logits_bytes": logit_bytes,
-                   "floor_logits_us": logit_bytes / bw * 1e6, "floor_logits_noise_us": (logit_bytes + noise_bytes) / bw * 1e6}
+                   "floor_logits_us": logit_bytes / bw * 1e6, "floor_logits_noise_us": (logit_bytes + noise_bytes) / bw * 1e6,
+                   "cutedsl_row_sweeps": sweeps}
             rows.append(row)
             print(f"  {case} B {B}: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
-                  + f", floor {row['floor_logits_us']:.1f} / {row['floor_logits_noise_us']:.1f}", flush=True)
+                  + f", floor {row['floor_logits_us']:.1f} / {row['floor_logits_noise_us']:.1f}; sweeps {sweeps}", flush=True)
     return rows
 
 
@@ -232,7 +243,8 @@ def main() -> int:
     bw = _copy_bandwidth()
     result["copy_bandwidth_GBps"] = bw / 1e9
     kernels = {"cutedsl": cute_launch, "triton": triton_mod.launch}
-    result["timing"] = timing(kernels, inp, a.reps, [int(b) for b in a.batches.split(",")], a.cases.split(","), bw)
+    result["timing"] = timing(kernels, inp, a.reps, [int(b) for b in a.batches.split(",")], a.cases.split(","), bw,
+                              cute_mod)
     Path(a.out).write_text(json.dumps(result, indent=1, default=str))
     c = result["compile"]
     print(f"compiles: {len(c['compiles'])} keys, {c['compile_s']:.1f} s in all; copy bandwidth {bw / 1e9:.0f} GB/s")
