@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import fcntl
 import hashlib
 import os
@@ -365,6 +366,47 @@ def _reference_once(real):
         mod = real(task, name)
         return _ReferenceOnce(mod) if name == "reference" else mod
     return load_task_module
+
+
+# ---- the model eval's standard leg, run once per worker --------------------------------------------------------
+#
+# The model eval's standard child (decode_backend standard, greedy) never imports the candidate's kernel (checked
+# on every real run) and runs code outside the task's allowed paths only; once isolation has passed, those files
+# are the base commit's. So its outcome is a function of (base commit, task, device, seed-derived weights and
+# prompts, settings, dtype): tests that judge many candidates of one task on one base with one seed (the
+# fixtures) run it once per worker and hand each judgment a copy; each candidate's own child still runs in
+# full. Not used by the exploit corpus (its judgments run every child) nor for the model_eval-* fixtures.
+# Saves one child of two per judgment reaching the model eval: ~20-40 s on the 2-core machine.
+
+_STANDARD_LEG: dict[tuple, object] = {}
+STANDARD_LEG_ENTRIES = 8
+"""Most standard-leg outcomes kept per worker (one per task, seed and dtype in a session)."""
+
+
+def _standard_leg_once(real):
+    def _run(self, ctx, backend, prompts, weights_seed, s, *args, **kwargs):
+        if backend != "standard":
+            return real(self, ctx, backend, prompts, weights_seed, s, *args, **kwargs)
+        key = (ctx.base_commit, ctx.task.task_id, ctx.device, weights_seed, _digest(prompts),
+               repr(dataclasses.asdict(s)), repr(args), repr(sorted(kwargs.items())))
+        if key not in _STANDARD_LEG:
+            out = real(self, ctx, backend, prompts, weights_seed, s, *args, **kwargs)
+            if not (out.response and out.response.get("ok")):
+                return out  # a failed run is not kept: the next judgment runs its own
+            _STANDARD_LEG[key] = out
+            while len(_STANDARD_LEG) > STANDARD_LEG_ENTRIES:
+                _STANDARD_LEG.pop(next(iter(_STANDARD_LEG)))
+        return copy.deepcopy(_STANDARD_LEG[key])
+    return _run
+
+
+@pytest.fixture
+def model_eval_standard_once(monkeypatch) -> None:
+    """The model eval's standard leg run once per worker and base (see above)."""
+    import guards.model_eval
+
+    monkeypatch.setattr(guards.model_eval.ModelEvalGuard, "_run",
+                        _standard_leg_once(guards.model_eval.ModelEvalGuard._run))
 
 
 @pytest.fixture

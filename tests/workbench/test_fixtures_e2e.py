@@ -38,11 +38,15 @@ def _session_seed(task_id: str) -> int:
 
 
 @pytest.fixture
-def shared_derivations(correctness_derived_once, monkeypatch):
+def shared_derivations(correctness_derived_once, monkeypatch, request):
     """The correctness guard's cases and reference computed once per worker (tests/conftest.py); the shrinking
     of a failure on random draws only (report evidence, after the FAIL is decided) gets one child run instead
-    of 8: its search is tested in tests/guards/test_correctness_shrink.py, and one run still exercises it here."""
+    of 8: its search is tested in tests/guards/test_correctness_shrink.py, and one run still exercises it here.
+    The model eval's standard leg runs once per worker and task (tests/conftest.py ``model_eval_standard_once``),
+    except for the fixtures the model eval must reject (``model_eval-*``), which run both children."""
     monkeypatch.setattr(guards.correctness, "SHRINK_CHILD_RUNS", 1)
+    if "model_eval" not in request.node.nodeid:
+        request.getfixturevalue("model_eval_standard_once")
 
 
 @pytest.mark.slow
