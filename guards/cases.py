@@ -214,20 +214,34 @@ def _draw_in(cell: Cell, rng: random.Random, is_int: bool) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class _Dim:
-    kind: str  # "axis", "param" or "regime"
+    kind: str  # "axis", "param", "regime", "overlay" or "feature"
     name: str
     cells: tuple[Cell, ...]
     is_int: bool
 
 
-def _dims(dom: DomainSpec, regimes: tuple[str, ...] | None = None) -> list[_Dim]:
-    """Coverage dimensions: the axes, the params, the regime (these are drawn, in this order), then
-    the declared features (derived from the drawn values; cells: holds, does not hold)."""
+def _dims(dom: DomainSpec, regimes: tuple[str, ...] | None = None,
+          overlays: tuple[str, ...] | None = None) -> list[_Dim]:
+    """Coverage dimensions: the axes, the params, the regime, the overlays (cells: off, on; these are
+    drawn, in this order), then the declared features (derived from the drawn values; cells: holds,
+    does not hold). ``regimes``/``overlays``: those drawn (default: all); an overlay left out is off."""
     dims = [_Dim("axis", n, tuple(value_cells(s)), True) for n, s in dom.axes.items()]
     dims += [_Dim("param", n, tuple(value_cells(s)), s.is_int_range) for n, s in dom.params.items()]
     dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes if regimes is None or r in regimes), False))
+    dims += [_Dim("overlay", n, (Cell(False, False), Cell(True, True)), False) for n in dom.overlays
+             if overlays is None or n in overlays]
     dims += [_Dim("feature", n, (Cell(True, True), Cell(False, False)), False) for n in dom.features]
     return dims
+
+
+def join_case(regime: str, overlays: tuple[str, ...] | list[str] = ()) -> str:
+    """The ``case`` string of a regime with overlays: ``"wide_bias+padding_rows"``."""
+    return "+".join((regime, *overlays))
+
+
+def case_slug(case: str) -> str:
+    """A case as a workload-name part: ``"wide_bias+padding_rows"`` -> ``"wide-bias-with-padding-rows"``."""
+    return case.replace("+", "-with-").replace("_", "-")
 
 
 def _feature_cells(dom: DomainSpec, values: dict[str, Any]) -> list[int | None]:
@@ -246,18 +260,27 @@ def _cell_index(dim: _Dim, v: Any) -> int | None:
     return next((i for i, c in enumerate(dim.cells) if c.holds(v)), None)
 
 
-def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], regime: str) -> bool:
+def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], case: str) -> bool:
+    """Whether a configuration meets the domain's constraints and its regime's and overlays' ``requires``
+    (``case``: a regime, or a regime with overlays; an unknown one is not legal)."""
     values = {**axes, **params}
     if not dom.satisfied(values):
         return False
-    req = dom.regimes[regime].requires
-    return not req or eval_constraint(req, values)
+    try:
+        regime, overlays = dom.split_case(case)
+    except ValueError:
+        return False
+    if regime not in dom.regimes:
+        return False
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[o].requires for o in overlays]
+    return all(not r or eval_constraint(r, values) for r in reqs)
 
 
 def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tuple[str, ...] | None = None,
-                 covered: list[WorkloadSpec] | None = None,
+                 overlays: tuple[str, ...] | None = None, covered: list[WorkloadSpec] | None = None,
                  salt: str = "domain_draws") -> list[tuple[dict[str, int], dict[str, Any], str]]:
-    """``n`` configurations ``(axes, params, regime)`` drawn over every axis, param and regime of the domain.
+    """``n`` configurations ``(axes, params, case)`` drawn over every axis, param, regime and overlay of
+    the domain; ``case`` is the regime, followed by the overlays drawn on (:func:`join_case`).
 
     AETG-style pairwise coverage, seeded. Each draw first picks the most valuable cell pair (of two
     dimensions) that neither the fixed workloads nor earlier draws covered, pins those two cells, and
@@ -278,13 +301,17 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     K x renormalize). A task's ``[domain.features]`` (derived conditions such as ``TG < G``) are
     dimensions of two cells computed from the drawn values: a pair pinning one is found by drawing
     again until the condition holds (``PAIR_TRIES``), so each regime meets each feature cell in every
-    run where that is legal (session 11: the wide bias with groups dropped). Deterministic for a seed.
+    run where that is legal (session 11: the wide bias with groups dropped). Each ``[domain.overlays]``
+    entry is a drawn dimension (off, on; on only where its ``requires`` holds), so every regime meets
+    every overlay (session 13's red team: padding rows, then a regime of their own, never met a wide
+    bias). Deterministic for a seed.
 
     Args:
         task: a task with a ``[domain]``.
         seed: the run-time seed.
         n: draws (default ``correctness.random_draws``).
         regimes: the regimes drawn (default: every regime of the domain).
+        overlays: the overlays drawn (default: every overlay of the domain; the others stay off).
         covered: the workloads whose cells and pairs count as covered already (default: the fixed
             correctness workloads).
         salt: mixed into the seed, so another user of the draws (perf) gets other draws for one seed.
@@ -298,9 +325,10 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; random draws over the domain need one.")
     n = task.correctness.random_draws if n is None else n
     rng = random.Random(_derive_seed(seed, salt))
-    dims = _dims(dom, regimes)
-    nd = sum(d.kind != "feature" for d in dims)  # drawn dimensions; the regime is the last of them
-    if not dims[nd - 1].cells:
+    dims = _dims(dom, regimes, overlays)
+    nd = sum(d.kind != "feature" for d in dims)  # drawn dimensions: axes, params, the regime, the overlays
+    ri = next(i for i, d in enumerate(dims) if d.kind == "regime")
+    if not dims[ri].cells:
         raise TaskSpecError(f"Task {task.task_id!r}: none of the regimes {list(regimes or ())} is in its [domain.regimes] "
                             f"{sorted(dom.regimes)}; draws need at least one.")
     singles: set[tuple[int, int]] = set()
@@ -313,8 +341,12 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         return s1, s2
 
     for w in task.correctness.workloads if covered is None else covered:
-        vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param" else w.case
-                for d in dims[:nd]]
+        try:
+            w_regime, w_over = dom.split_case(w.case)
+        except ValueError:
+            w_regime, w_over = w.case, ()
+        vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param"
+                else w_regime if d.kind == "regime" else d.name in w_over for d in dims[:nd]]
         s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)]
                        + _feature_cells(dom, {**w.axes, **w.params}))
         singles |= s1
@@ -323,13 +355,14 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     exprs = [(c, check_constraint(c)) for c in dom.constraints + dom.cost_constraints]
     requires = {r: (spec.requires, check_constraint(spec.requires) if spec.requires else set())
                 for r, spec in dom.regimes.items()}
+    overlay_requires = {o: spec.requires for o, spec in dom.overlays.items()}
 
     # The constraints decidable once dimension ``di`` is drawn: those naming it and only dimensions drawn
     # up to it (the names drawn before a dimension are the same in every candidate: declared order).
     decidable: list[list[str]] = []
     drawn: set[str] = set()
     for d in dims[:nd]:
-        if d.kind == "regime":
+        if d.kind in ("regime", "overlay"):
             decidable.append([])
             continue
         drawn.add(d.name)
@@ -350,10 +383,12 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
                 cells = [forced[di]] if di in forced else range(len(d.cells))
                 for i in cells:
                     v = _draw_in(d.cells[i], rng, d.is_int)
-                    env = {**known, d.name: v} if d.kind != "regime" else known
+                    env = {**known, d.name: v} if d.kind in ("axis", "param") else known
                     todo = decidable[di]
                     if d.kind == "regime" and requires[v][0]:
                         todo = [requires[v][0]]
+                    if d.kind == "overlay" and v and overlay_requires[d.name]:
+                        todo = [overlay_requires[d.name]]
                     if all(eval_constraint(c, env) for c in todo):
                         opts.append((i, v))
                 if not opts:
@@ -361,7 +396,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
                 i, v = opts[rng.randrange(len(opts))]
                 idx.append(i)
                 vals.append(v)
-                if d.kind != "regime":
+                if d.kind in ("axis", "param"):
                     known[d.name] = v
             else:
                 axes = {d.name: v for d, v in zip(dims, vals) if d.kind == "axis"}
@@ -369,9 +404,12 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
                 feats = _feature_cells(dom, {**axes, **params})
                 if any(forced.get(nd + j, f) != f for j, f in enumerate(feats)):
                     continue  # a pinned feature cell does not hold: draw again
-                if _legal(dom, axes, params, vals[-1]):
+                if _legal(dom, axes, params, _case_of(vals)):
                     return idx + feats, vals
         return None
+
+    def _case_of(vals: list[Any]) -> str:
+        return join_case(vals[ri], [d.name for d, v in zip(dims[:nd], vals) if d.kind == "overlay" and v])
 
     def any_candidate() -> tuple[list[int], list[Any]]:
         found = candidate()
@@ -422,14 +460,15 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         singles |= s1
         pairs |= s2
         out.append(({d.name: v for d, v in zip(dims, vals) if d.kind == "axis"},
-                    {d.name: v for d, v in zip(dims, vals) if d.kind == "param"}, vals[-1]))
+                    {d.name: v for d, v in zip(dims, vals) if d.kind == "param"}, _case_of(vals)))
     return out
 
 
-def invariance_applies(dom: DomainSpec, name: str, axes: dict[str, int], params: dict[str, Any], regime: str) -> bool:
+def invariance_applies(dom: DomainSpec, name: str, axes: dict[str, int], params: dict[str, Any], case: str) -> bool:
     """Whether the checked invariance ``name`` (a metamorphic pair) applies to a configuration: it has
-    a transform, the regime is among its ``regimes`` (any when empty) and its ``requires`` holds."""
+    a transform, the case's regime is among its ``regimes`` (any when empty) and its ``requires`` holds."""
     inv = dom.invariances.get(name)
+    regime = case.split("+")[0]
     if inv is None or not inv.checked or (inv.regimes and regime not in inv.regimes):
         return False
     return not inv.requires or eval_constraint(inv.requires, {**axes, **params})
@@ -439,7 +478,7 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     """``correctness.random_draws`` workloads drawn at run time.
 
     With a ``[domain]``: every axis, param and input regime drawn by :func:`domain_draws`; each
-    workload is named ``random-<i>-<regime>`` and carries its axes, params and regime (``case``).
+    workload is named ``random-<i>-<case>`` and carries its axes, params and case (regime and overlays).
     Every draw that a checked invariance (``[domain.invariances]`` with transform and relation)
     applies to gets one as its metamorphic pair (``invariance``): among those that apply, the one
     given to the fewest draws so far (declared order on a tie), so the pairs alternate.
@@ -450,12 +489,12 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
         dom = task.domain
         used = {n: 0 for n, inv in dom.invariances.items() if inv.checked}
         out = []
-        for i, (axes, params, regime) in enumerate(domain_draws(task, seed)):
-            fits = [n for n in used if invariance_applies(dom, n, axes, params, regime)]
+        for i, (axes, params, case) in enumerate(domain_draws(task, seed)):
+            fits = [n for n in used if invariance_applies(dom, n, axes, params, case)]
             inv = min(fits, key=lambda n: used[n]) if fits else ""
             if inv:
                 used[inv] += 1
-            out.append(WorkloadSpec(name=f"random-{i}-{regime.replace('_', '-')}", axes=axes, params=params, case=regime,
+            out.append(WorkloadSpec(name=f"random-{i}-{case_slug(case)}", axes=axes, params=params, case=case,
                                     phase=task.scope.phases[0], invariance=inv, note="drawn from [domain] at run time"))
         return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
@@ -505,7 +544,8 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     """Shrink a failing workload to a minimal one that still fails (hypothesis-style, deterministic).
 
     Passes over the dimensions until nothing changes or ``max_calls`` predicate calls are spent:
-    first the regime (toward the domain's ``realistic`` regimes), then every axis in declared order
+    first each overlay (dropped), then the regime (toward the domain's ``realistic`` regimes, overlays
+    kept), then every axis in declared order
     (toward the domain minimum: the earlier choices, or the range minimum and then halfway points),
     then every param (toward its first choice or first realistic value). A simpler candidate is kept
     when it meets the domain's constraints, cost constraints and the regime's ``requires`` and
@@ -516,7 +556,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
 
     Args:
         task: a task with a ``[domain]``.
-        workload: a failing workload (axes, params, ``case`` = regime).
+        workload: a failing workload (axes, params, ``case`` = regime and overlays).
         still_fails: runs the candidate on one workload; True when it is still wrong there. Exceptions
             propagate.
         max_calls: predicate budget (each call is a child run in the correctness guard).
@@ -530,7 +570,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     dom = task.domain
     if dom is None:
         raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; shrinking works over the domain.")
-    axes, params, regime = dict(workload.axes), dict(workload.params), workload.case
+    axes, params, case = dict(workload.axes), dict(workload.params), workload.case
     pair = workload.invariance
     steps: list[str] = []
     calls = 0
@@ -538,9 +578,9 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     asked: set[str] = set()
 
     def attempt(a: dict, p: dict, r: str, what: str) -> bool:
-        nonlocal calls, axes, params, regime, pair
+        nonlocal calls, axes, params, case, pair
         key = repr((sorted(a.items()), sorted(p.items()), r))
-        if calls >= max_calls or key in asked or r not in dom.regimes or not _legal(dom, a, p, r):
+        if calls >= max_calls or key in asked or not _legal(dom, a, p, r):
             return False
         asked.add(key)
         calls += 1
@@ -549,7 +589,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
         cand = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": a, "params": p, "case": r,
                                            "invariance": inv})
         if still_fails(cand):
-            axes, params, regime, pair = a, p, r, inv
+            axes, params, case, pair = a, p, r, inv
             steps.append(what)
             return True
         return False
@@ -557,27 +597,33 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     changed = True
     while changed and calls < max_calls:
         changed = False
+        regime, overlays = dom.split_case(case) if case.split("+")[0] in dom.regimes else (case, ())
+        for o in overlays:
+            if attempt(axes, params, join_case(regime, [x for x in overlays if x != o]), f"overlay {o} dropped"):
+                changed = True
+                regime, overlays = dom.split_case(case)
+                break
         simple = [r for r, spec in dom.regimes.items() if spec.realistic] or ["realistic"]
         if regime not in simple:
             for r in simple:
-                if attempt(axes, params, r, f"regime {regime} -> {r}"):
+                if attempt(axes, params, join_case(r, overlays), f"regime {regime} -> {r}"):
                     changed = True
                     break
         for name, spec in dom.axes.items():
             for v in _toward(spec, axes[name]):
-                if attempt({**axes, name: v}, params, regime, f"{name} {axes[name]} -> {v}"):
+                if attempt({**axes, name: v}, params, case, f"{name} {axes[name]} -> {v}"):
                     changed = True
                     break
         for name, spec in dom.params.items():
             if name not in params:
                 continue
             for v in _toward(spec, params[name]):
-                if attempt(axes, {**params, name: v}, regime, f"{name} {params[name]!r} -> {v!r}"):
+                if attempt(axes, {**params, name: v}, case, f"{name} {params[name]!r} -> {v!r}"):
                     changed = True
                     break
     if not steps:
         return ShrinkResult(workload, (), calls)
-    w = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": axes, "params": params, "case": regime,
+    w = workload.model_copy(update={"name": f"{workload.name}-shrunk", "axes": axes, "params": params, "case": case,
                                     "invariance": pair, "note": f"shrunk from {workload.name}: " + "; ".join(steps)})
     return ShrinkResult(w, tuple(steps), calls)
 
@@ -629,6 +675,45 @@ def _twin(task: TaskSpec, w: WorkloadSpec, inputs_a: dict[str, Any], seed: int) 
     return {k: twin[k].contiguous() for k in task.inputs}, Twin(w.invariance, inv.relation, info)
 
 
+def draw_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, what: str = "make_inputs") -> dict[str, Any]:
+    """One draw of workload ``w``'s inputs: ``inputs.make_inputs(axes, seed, regime)``, then each overlay
+    of its case (``"<regime>+<overlay>..."``) in order, by its ``apply`` function in ``inputs.py`` with a
+    seed derived from ``seed`` and the overlay's name. Contiguous tensors, checked against the task's
+    input shapes and dtypes.
+
+    Raises:
+        TaskSpecError: the case names an unknown overlay, ``make_inputs`` or an overlay fails, an
+            overlay's function is missing, or a tensor does not match the task's inputs.
+    """
+    inputs_mod = load_task_module(task, "inputs")
+    regime, overlays = w.case, ()
+    if task.domain is not None and "+" in w.case:
+        try:
+            regime, overlays = task.domain.split_case(w.case)
+        except ValueError as exc:
+            raise TaskSpecError(f"Task {task.task_id!r}: workload {w.name!r}: {exc}") from exc
+    try:
+        inp = inputs_mod.make_inputs(dict(w.axes), seed, regime)
+    except Exception as exc:
+        raise TaskSpecError(
+            f"Task {task.task_id!r}: inputs.make_inputs failed for {what} workload {w.name!r} "
+            f"(case {regime!r}): {type(exc).__name__}: {exc}"
+        ) from exc
+    for o in overlays:
+        fn_name = task.domain.overlays[o].apply  # type: ignore[union-attr]
+        fn = getattr(inputs_mod, fn_name, None)
+        if not callable(fn):
+            raise TaskSpecError(f"Task {task.task_id!r}: overlay {o!r} names {fn_name!r}, which is not a function of "
+                                f"tasks/{task.task_id}/inputs.py; define it or fix 'apply' in task.toml.")
+        try:
+            inp = fn(inp, dict(w.axes), _derive_seed(seed, "overlay", o))
+        except Exception as exc:
+            raise TaskSpecError(f"Task {task.task_id!r}: inputs.{fn_name} (overlay {o!r}) failed for {what} workload "
+                                f"{w.name!r}: {type(exc).__name__}: {exc}") from exc
+    _check_drawn(task, w, inp, f"inputs for {w.case!r}")
+    return {k: inp[k].contiguous() for k in task.inputs}
+
+
 def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
     """Inputs (two independent draws, or a draw and its transformed twin) and output specs for one workload.
 
@@ -640,7 +725,6 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
         TaskSpecError: ``make_inputs`` or the transform fails or returns tensors that do not match the
             task's inputs.
     """
-    inputs_mod = load_task_module(task, "inputs")
     draws = []
     twin: Twin | None = None
     for part in ("a", "b"):
@@ -648,16 +732,7 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
             twin_inputs, twin = _twin(task, w, draws[0], seed)
             draws.append(twin_inputs)
             break
-        s = _derive_seed(seed, w.name, part, repr(sorted(w.axes.items())))
-        try:
-            inp = inputs_mod.make_inputs(dict(w.axes), s, w.case)
-        except Exception as exc:
-            raise TaskSpecError(
-                f"Task {task.task_id!r}: inputs.make_inputs failed for workload {w.name!r} "
-                f"(case {w.case!r}): {type(exc).__name__}: {exc}"
-            ) from exc
-        _check_drawn(task, w, inp, "make_inputs")
-        draws.append({k: inp[k].contiguous() for k in task.inputs})
+        draws.append(draw_inputs(task, w, _derive_seed(seed, w.name, part, repr(sorted(w.axes.items())))))
     per_rank = tuple(k for k, spec in task.inputs.items() if spec.per_rank)
     return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes),
                 world_size=task.world_size(w), per_rank=per_rank, twin=twin)
@@ -669,15 +744,7 @@ def perf_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, j: int) -> dict[str,
     Raises:
         TaskSpecError: ``make_inputs`` fails for the workload.
     """
-    inputs_mod = load_task_module(task, "inputs")
-    try:
-        inp = inputs_mod.make_inputs(dict(w.axes), _derive_seed(seed, w.name, "perf", str(j)), w.case)
-    except Exception as exc:
-        raise TaskSpecError(
-            f"Task {task.task_id!r}: inputs.make_inputs failed for perf workload {w.name!r}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    return {k: inp[k].contiguous() for k in task.inputs}
+    return draw_inputs(task, w, _derive_seed(seed, w.name, "perf", str(j)), "perf")
 
 
 def perf_rotation(task: TaskSpec, w: WorkloadSpec, seed: int, n: int) -> list[dict[str, Any]]:

@@ -456,7 +456,7 @@ class CorrectnessGuard:
                 # only random draws fail: their configuration is arbitrary, so find a smaller one
                 sr = self._shrink(ctx, ref, case, planned_tp)
                 w = sr.workload
-                where = f"{dict(w.axes)} {dict(w.params)} regime {w.case}"
+                where = f"{dict(w.axes)} {dict(w.params)} case {w.case}"
                 ev.append(Evidence(name="shrunk", value=where, path="; ".join(sr.steps) or "no smaller failing "
                                    f"configuration found in {sr.calls} tries"))
                 if sr.steps:

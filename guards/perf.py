@@ -826,6 +826,13 @@ def timed_regimes(task) -> tuple[str, ...]:
     return tuple(r for r, spec in dom.regimes.items() if spec.realistic or spec.timed) if dom is not None else ()
 
 
+def timed_overlays(task) -> tuple[str, ...]:
+    """The overlays perf's domain draws time (those marked ``timed``: serving steps carry them, e.g.
+    CUDA-graph padding rows); the others stay off in perf draws."""
+    dom = task.domain
+    return tuple(o for o, spec in dom.overlays.items() if spec.timed) if dom is not None else ()
+
+
 def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n: int | None = None) -> list:
     """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
 
@@ -834,11 +841,12 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     ``[scope.batch_min, scope.batch_max]``, avoiding the listed batch sizes of that template when the
     scope has others; names are ``random-perf-<i>-<template>``. Each domain draw (default
     :data:`PERF_DOMAIN_DRAWS`; only for a task with a ``[domain]``) is a configuration of every axis,
-    param and :func:`timed_regimes` regime (:func:`guards.cases.domain_draws`, the listed perf
-    workloads counted as covered, so shapes and regimes they do not time come first); names are
-    ``random-perf-domain-<i>-<regime>``. Distributed tasks time their listed workloads only.
+    param, :func:`timed_regimes` regime and :func:`timed_overlays` overlay
+    (:func:`guards.cases.domain_draws`, the listed perf workloads counted as covered, so shapes and
+    regimes they do not time come first); names are ``random-perf-domain-<i>-<case>``. Distributed
+    tasks time their listed workloads only.
     """
-    from guards.cases import _derive_seed, domain_draws
+    from guards.cases import _derive_seed, case_slug, domain_draws
 
     listed = [task.workload(n) for n in task.perf.workloads]
     if task.distributed is not None or not listed:
@@ -855,10 +863,11 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
         out.append(tmpl.model_copy(update={"name": f"random-perf-{i}-{tmpl.name}", "axes": {**tmpl.axes, ax: b}}))
     m = PERF_DOMAIN_DRAWS if domain_draws_n is None else domain_draws_n
     if task.domain is not None and m > 0:
-        for i, (axes, params, regime) in enumerate(domain_draws(task, seed, m, regimes=timed_regimes(task),
-                                                                covered=listed, salt="perf_domain_draws")):
-            out.append(tmpl.model_copy(update={"name": f"random-perf-domain-{i}-{regime.replace('_', '-')}",
-                                               "axes": axes, "params": params, "case": regime,
+        for i, (axes, params, case) in enumerate(domain_draws(task, seed, m, regimes=timed_regimes(task),
+                                                              overlays=timed_overlays(task), covered=listed,
+                                                              salt="perf_domain_draws")):
+            out.append(tmpl.model_copy(update={"name": f"random-perf-domain-{i}-{case_slug(case)}",
+                                               "axes": axes, "params": params, "case": case,
                                                "note": "drawn from [domain] at run time (perf)"}))
     return out
 

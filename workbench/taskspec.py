@@ -464,6 +464,40 @@ class DomainRegimeSpec(_Frozen):
         return v
 
 
+class DomainOverlaySpec(_Frozen):
+    """A change a task's ``inputs.py`` can make on top of any regime's draw (e.g. CUDA-graph padding rows).
+
+    A regime decides how the valid data is distributed; an overlay changes a draw whatever its regime.
+    Random draws count each overlay as a coverage dimension of its own (cells: off, on), so pairwise
+    coverage crosses it with every regime and every axis value (:func:`guards.cases.domain_draws`): as a
+    regime it met only the realistic data (session 13's red team: a kernel wrong only when padding rows
+    meet a wide or shifted bias was accepted, since no draw held both). A workload names its overlays
+    after its regime: ``case = "wide_bias+padding_rows"`` (:meth:`DomainSpec.split_case`).
+
+    Attributes:
+        apply: the ``inputs.py`` function ``(inputs, axes, seed) -> inputs`` that makes the change (it
+            may change the tensors in place; names, shapes and dtypes stay).
+        source: why the overlay is legal and worth drawing.
+        note: what it changes.
+        requires: a constraint the axes and params must meet for the overlay (``"T >= 2"``); empty = any.
+        timed: serving steps carry it (padding rows on every padded CUDA-graph step), so perf's domain
+            draws time it too.
+    """
+
+    apply: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    source: str = Field(min_length=3)
+    note: str = ""
+    requires: str = ""
+    timed: bool = False
+
+    @field_validator("requires")
+    @classmethod
+    def _requires_ok(cls, v: str) -> str:
+        if v:
+            check_constraint(v)
+        return v
+
+
 class DomainInputSpec(_Frozen):
     """The value range of one input tensor.
 
@@ -574,6 +608,8 @@ class DomainSpec(_Frozen):
             relation are checked as metamorphic pairs (:class:`DomainInvarianceSpec`).
         features: derived conditions that coverage pairs with every regime and value
             (:class:`DomainFeatureSpec`).
+        overlays: changes applied on top of any regime's draw, each a coverage dimension of its own
+            (:class:`DomainOverlaySpec`).
         note: anything else a reader of the domain needs.
     """
 
@@ -586,6 +622,7 @@ class DomainSpec(_Frozen):
     inputs: dict[str, DomainInputSpec]
     invariances: dict[str, DomainInvarianceSpec] = Field(default_factory=dict)
     features: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainFeatureSpec] = Field(default_factory=dict)
+    overlays: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainOverlaySpec] = Field(default_factory=dict)
     note: str = ""
 
     @model_validator(mode="after")
@@ -602,15 +639,19 @@ class DomainSpec(_Frozen):
             raise ValueError("cost_constraints are set but cost_source does not say why; give the measured cost")
         if "realistic" not in self.regimes:
             raise ValueError(f"regimes {sorted(self.regimes)} lack 'realistic' (the model's own range)")
+        both = sorted(set(self.regimes) & set(self.overlays))
+        if both:
+            raise ValueError(f"{both[0]!r} is both a regime and an overlay; a case names each once (rename one)")
         for name, inp in self.inputs.items():
             for c in inp.cases:
-                if c not in self.regimes:
+                if c not in self.regimes and c not in self.overlays:
                     raise ValueError(f"inputs.{name}.cases names regime {c!r}, which is not in [domain.regimes] "
-                                     f"(known: {', '.join(sorted(self.regimes))})")
+                                     f"(known: {', '.join(sorted(self.regimes))}) nor in [domain.overlays] "
+                                     f"(known: {', '.join(sorted(self.overlays)) or 'none'})")
         named = {c for inp in self.inputs.values() for c in inp.cases}
-        orphans = sorted(set(self.regimes) - named)
+        orphans = sorted((set(self.regimes) | set(self.overlays)) - named)
         if orphans:
-            raise ValueError(f"regime {orphans[0]!r} is named by no input's 'cases'; say which input it draws")
+            raise ValueError(f"regime or overlay {orphans[0]!r} is named by no input's 'cases'; say which input it draws")
         for name, inv in self.invariances.items():
             if inv.regime and inv.regime not in self.regimes:
                 raise ValueError(f"invariances.{name}.regime {inv.regime!r} is not in [domain.regimes]")
@@ -627,6 +668,22 @@ class DomainSpec(_Frozen):
             if lo < 1:  # type: ignore[operator]
                 raise ValueError(f"axes.{name}: axis values must be >= 1; the domain allows {lo}")
         return self
+
+    def split_case(self, case: str) -> tuple[str, tuple[str, ...]]:
+        """A workload's ``case`` as its regime and its overlays: ``"wide_bias+padding_rows"`` ->
+        ``("wide_bias", ("padding_rows",))``; a plain case has no overlays.
+
+        Raises:
+            ValueError: a ``+`` part is not in ``[domain.overlays]``, or is named twice.
+        """
+        regime, *overlays = case.split("+")
+        for o in overlays:
+            if o not in self.overlays:
+                raise ValueError(f"case {case!r} names overlay {o!r}, which is not in [domain.overlays] "
+                                 f"(known: {', '.join(sorted(self.overlays)) or 'none'}); write '<regime>+<overlay>'")
+        if len(set(overlays)) != len(overlays):
+            raise ValueError(f"case {case!r} names an overlay twice")
+        return regime, tuple(overlays)
 
     def names(self) -> set[str]:
         """Every axis and parameter name (what constraints may refer to)."""
@@ -889,6 +946,7 @@ class TaskSpec(_Frozen):
         known = dom.names()
         for kind, exprs in (("constraints", dom.constraints), ("cost_constraints", dom.cost_constraints),
                             *((f"regimes.{n}.requires", (r.requires,)) for n, r in dom.regimes.items() if r.requires),
+                            *((f"overlays.{n}.requires", (o.requires,)) for n, o in dom.overlays.items() if o.requires),
                             *((f"invariances.{n}.requires", (v.requires,)) for n, v in dom.invariances.items()
                               if v.requires)):
             for c in exprs:
@@ -918,6 +976,15 @@ class TaskSpec(_Frozen):
                     raise ValueError(f"correctness workload {w.name!r}: param {k} = {v!r} is outside "
                                      f"domain.params.{k}; the domain must hold every fixed workload")
             values = {**w.axes, **w.params}
+            try:
+                _, overlays = dom.split_case(w.case)
+            except ValueError as exc:
+                raise ValueError(f"correctness workload {w.name!r}: {exc}") from exc
+            for o in overlays:
+                req = dom.overlays[o].requires
+                if req and not eval_constraint(req, values):
+                    raise ValueError(f"correctness workload {w.name!r}: overlay {o!r} requires {req!r}, which the "
+                                     "workload does not meet")
             if w.invariance:
                 inv = dom.invariances.get(w.invariance)
                 if inv is None or not inv.checked:
@@ -928,7 +995,7 @@ class TaskSpec(_Frozen):
                 if inv.requires and not eval_constraint(inv.requires, values):
                     raise ValueError(f"correctness workload {w.name!r}: invariance {w.invariance!r} requires "
                                      f"{inv.requires!r}, which the workload does not meet")
-                if inv.regimes and w.case not in inv.regimes:
+                if inv.regimes and dom.split_case(w.case)[0] not in inv.regimes:
                     raise ValueError(f"correctness workload {w.name!r}: invariance {w.invariance!r} applies to regimes "
                                      f"{list(inv.regimes)}, not to case {w.case!r}")
             for c in dom.constraints:

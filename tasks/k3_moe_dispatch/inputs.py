@@ -47,16 +47,44 @@ def _one_expert(T: int, E: int, gen: torch.Generator) -> _Draw:
     return torch.randn(T, 1, generator=gen), _small_bias(1, gen), torch.ones(T, dtype=torch.bool)
 
 
-def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
+def _pad(logits: torch.Tensor, valid: torch.Tensor, gen: torch.Generator) -> None:
+    T, E = logits.shape
     if T < 2:
         raise ValueError(f"inputs case 'padding_rows' needs T >= 2 (some rows valid, some padding); got T={T}.")
-    logits, bias, valid = _realistic(T, E, gen)
     counts = padding_counts(T)
     n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
     pad = torch.randperm(T, generator=gen)[:n]
     valid[pad] = False
     logits[pad] = padding_garbage(len(pad), E, gen)  # a kernel must ignore it (CUDA-graph padding rows)
+
+
+def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
+    logits, bias, valid = _realistic(T, E, gen)
+    _pad(logits, valid, gen)
     return logits, bias, valid
+
+
+def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """The ``padding_rows`` overlay (task.toml ``[domain.overlays.padding_rows]``): make some rows of any
+    regime's draw CUDA-graph padding, in place: :func:`padding_counts` rows at random positions get
+    ``token_valid`` False and logits of :func:`padding_garbage`; the valid rows and the bias keep the
+    regime's values, so padding meets every logits and bias regime (session 13's red team: a kernel
+    wrong only when padding rows meet a wide or shifted bias was accepted while padding drew realistic
+    data only).
+
+    Args:
+        inputs: ``router_logits`` (T, E) float32, ``e_score_correction_bias`` (E,), ``token_valid`` (T,) bool.
+        axes: the workload's axes (T >= 2).
+        seed: RNG seed of the overlay.
+
+    Returns:
+        ``inputs``, changed in place.
+
+    Raises:
+        ValueError: T < 2 (a step needs a valid row besides its padding).
+    """
+    _pad(inputs["router_logits"], inputs["token_valid"], torch.Generator().manual_seed(int(seed)))
+    return inputs
 
 
 def padding_counts(T: int) -> list[int]:

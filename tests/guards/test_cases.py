@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from guards.cases import (
     _cell_index,
@@ -31,18 +32,23 @@ def moe():
     return load_task(REPO, "k3_moe_dispatch")
 
 
-def _legal(task, axes, params, regime) -> bool:
+def _legal(task, axes, params, case) -> bool:
     dom = task.domain
     values = {**axes, **params}
-    req = dom.regimes[regime].requires
+    regime, overlays = dom.split_case(case)
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[o].requires for o in overlays]
     return (all(dom.axes[k].contains(v) for k, v in axes.items()) and all(dom.params[k].contains(v) for k, v in params.items())
-            and dom.satisfied(values) and (not req or eval_constraint(req, values)))
+            and dom.satisfied(values) and all(not r or eval_constraint(r, values) for r in reqs))
 
 
-def _cell_of(task, d, axes, params, regime):
-    """The cell of dimension ``d`` a configuration falls in (a feature: 0 holds, 1 does not)."""
+def _cell_of(task, d, axes, params, case):
+    """The cell of dimension ``d`` a configuration falls in (a feature: 0 holds, 1 does not; an overlay:
+    0 off, 1 on)."""
     if d.kind == "feature":
         return _feature_cells(task.domain, {**axes, **params})[list(task.domain.features).index(d.name)]
+    regime, overlays = task.domain.split_case(case) if "+" in case else (case, ())
+    if d.kind == "overlay":
+        return _cell_index(d, d.name in overlays)
     return _cell_index(d, regime if d.kind == "regime" else axes.get(d.name, params.get(d.name)))
 
 
@@ -89,8 +95,9 @@ def test_random_workloads_are_named_and_carry_axes_params_regime(moe):
     ws = random_workloads(moe, 3)
     assert len(ws) == moe.correctness.random_draws == 32
     for i, w in enumerate(ws):
-        assert w.name == f"random-{i}-{w.case.replace('_', '-')}"
-        assert w.case in moe.domain.regimes and set(w.axes) == set(moe.axes)
+        assert w.name == f"random-{i}-{w.case.replace('+', '-with-').replace('_', '-')}"
+        regime, overlays = moe.domain.split_case(w.case)
+        assert regime in moe.domain.regimes and set(overlays) <= {"padding_rows"} and set(w.axes) == set(moe.axes)
         assert set(w.params) == {"renormalize", "routed_scaling_factor"}
     # drawn over every axis, not only the batch: several E, K, G and B values in one run
     for ax in ("E", "K", "G", "B"):
@@ -212,7 +219,7 @@ def test_a_declared_feature_is_paired_with_every_regime_in_every_run():
     feat = task.domain.features["groups_dropped"]
     regimes = [r for r in task.domain.regimes if not task.domain.regimes[r].requires]
     for seed in range(20):
-        seen = {(r, _feature_cells(task.domain, {**a, **p})[0]) for a, p, r in domain_draws(task, seed)}
+        seen = {(c.split("+")[0], _feature_cells(task.domain, {**a, **p})[0]) for a, p, c in domain_draws(task, seed)}
         for w in task.correctness.workloads:
             seen.add((w.case, _feature_cells(task.domain, {**w.axes, **w.params})[0]))
         missing = [(r, f) for r in regimes for f in (0, 1) if (r, f) not in seen
@@ -246,3 +253,46 @@ def test_wide_bias_draws_that_drop_groups_expose_an_offset_group_mask():
         exact = g.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1).topk(axes["K"], dim=-1).indices.sort(-1).values
         offset = torch.where(keep.unsqueeze(-1), g, g - 2.0).flatten(1).topk(axes["K"], dim=-1).indices.sort(-1).values
         assert bool((exact != offset).any(-1).all()), axes
+
+
+@pytest.mark.slow
+def test_the_padding_overlay_meets_every_regime_in_every_run(moe):
+    """Session 13's red team: padding rows were a regime of their own (realistic logits and bias only), so
+    a kernel wrong only when padding rows meet a wide or shifted bias was accepted. Padding is an overlay,
+    a coverage dimension of its own: each run puts it on every regime (and leaves it off every regime)."""
+    fixed = {w.case for w in moe.correctness.workloads}
+    for seed in range(20):
+        cases = {w.case for w in random_workloads(moe, seed)} | fixed
+        for r in moe.domain.regimes:
+            assert f"{r}+padding_rows" in cases and r in cases, (seed, r, sorted(cases))
+
+
+def test_an_overlay_changes_the_regimes_draw_and_keeps_the_rest(moe):
+    w = random_workloads(moe, 0)[0].model_copy(update={
+        "name": "w", "axes": {"T": 16, "E": 64, "G": 1, "TG": 1, "K": 4, "B": 16}, "case": "wide_bias"})
+    plain = build_case(moe, w, 5).inputs_a
+    padded = build_case(moe, w.model_copy(update={"case": "wide_bias+padding_rows"}), 5).inputs_a
+    valid = padded["token_valid"]
+    assert bool(plain["token_valid"].all()) and 1 <= int((~valid).sum()) <= 15
+    assert torch.equal(padded["e_score_correction_bias"], plain["e_score_correction_bias"])  # the wide bias stays
+    assert float(plain["e_score_correction_bias"].std()) > 0.3
+    assert torch.equal(padded["router_logits"][valid], plain["router_logits"][valid])  # valid rows: the regime's
+    pad = padded["router_logits"][~valid]
+    assert not torch.equal(pad, plain["router_logits"][~valid])  # padding rows: garbage
+
+
+def test_a_case_naming_an_unknown_overlay_is_a_clear_error(moe):
+    w = random_workloads(moe, 0)[0].model_copy(update={"case": "wide_bias+padding_rowz"})
+    with pytest.raises(TaskSpecError, match="overlay 'padding_rowz', which is not in \\[domain.overlays\\]"):
+        build_case(moe, w, 0)
+    with pytest.raises(ValueError, match="names an overlay twice"):
+        moe.domain.split_case("realistic+padding_rows+padding_rows")
+    assert moe.domain.split_case("ties") == ("ties", ())
+
+
+def test_shrink_drops_an_overlay_the_bug_does_not_need_and_keeps_one_it_does(moe):
+    w = _failing(moe).model_copy(update={"case": "bias_shift+padding_rows"})
+    r = shrink(moe, w, lambda c: c.case.startswith("bias_shift"))  # the bug: the shift alone
+    assert r.workload.case == "bias_shift" and "overlay padding_rows dropped" in r.steps
+    r = shrink(moe, w, lambda c: c.case.endswith("+padding_rows"))  # the bug: padding rows, whatever the data
+    assert r.workload.case == "realistic+padding_rows" and r.workload.axes["T"] == 2  # the overlay requires T >= 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from guards.perf import PERF_DOMAIN_DRAWS, PERF_RANDOM_DRAWS, perf_workloads, timed_regimes
+from guards.perf import PERF_DOMAIN_DRAWS, PERF_RANDOM_DRAWS, perf_workloads, timed_overlays, timed_regimes
 from tests.conftest import REPO_ROOT
 from workbench.taskspec import load_task
 
@@ -58,12 +58,13 @@ def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload
 @pytest.mark.slow
 def test_perf_domain_draws_time_steps_with_padding_rows_in_every_run(moe):
     """Session 7's red team: a kernel slow only on steps with padding rows (0.20x) was accepted; the
-    padding_rows regime is ``timed`` (every padded CUDA-graph step has them), so every run times it."""
-    assert timed_regimes(moe) == ("realistic", "padding_rows")
+    padding_rows overlay is ``timed`` (every padded CUDA-graph step has them), so every run times it."""
+    assert timed_regimes(moe) == ("realistic",)
+    assert timed_overlays(moe) == ("padding_rows",)
     for seed in SEEDS:
         cases = [w.case for w in perf_workloads(moe, seed)]
-        assert "padding_rows" in cases, seed
-        assert set(cases) <= {"realistic", "padding_rows"}  # edge regimes (ties, denormals) are never timed
+        assert "realistic+padding_rows" in cases, seed
+        assert set(cases) <= {"realistic", "realistic+padding_rows"}  # edge regimes (ties, denormals) never timed
 
 
 def test_perf_domain_draws_are_regression_only_and_off_for_the_estimate(moe):
