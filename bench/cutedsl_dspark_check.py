@@ -12,7 +12,8 @@ On one CUDA device, in this order (the JSON holds every number; the last lines p
 2. graph capture: the call captured in ``torch.cuda.graph`` and replayed on new inputs must pass the checker
    (a launch that escaped capture would leave the poisoned outputs);
 3. timing at K3 sizes (D 7, V 163840, no draft probabilities), B 1-64, ``sampled`` and ``greedy`` rows (the
-   task's input cases): graph replays of the CuTe DSL and Triton kernels and of one tiny kernel (``add_``),
+   task's input cases): graph replays of the CuTe DSL and Triton kernels, of the op's standard path
+   (``--standard``) and of one tiny kernel (``add_``),
    interleaved, L2 flushed before each (``kernels.timing.flush_l2``), CUDA events, medians (us); the bytes
    floor = the target logits (B x 8 x V x 2 bytes) and the noise (B x V x 4) read once at the bandwidth of a
    1 GiB device copy measured in the same run;
@@ -209,6 +210,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--cases", default="sampled,greedy")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--standard", action="store_true", help="also time the op's standard path (torch), graph-replayed")
     a = ap.parse_args()
     from kernels import cutedsl
     from workbench import env
@@ -242,16 +244,21 @@ def main() -> int:
     result["compile"] = cutedsl.compile_report()
     bw = _copy_bandwidth()
     result["copy_bandwidth_GBps"] = bw / 1e9
+    from k3_model.ops.dspark_verify import dspark_verify_standard
+
     kernels = {"cutedsl": cute_launch, "triton": triton_mod.launch}
+    if a.standard:
+        kernels["standard"] = dspark_verify_standard
     result["timing"] = timing(kernels, inp, a.reps, [int(b) for b in a.batches.split(",")], a.cases.split(","), bw,
                               cute_mod)
     Path(a.out).write_text(json.dumps(result, indent=1, default=str))
     c = result["compile"]
     print(f"compiles: {len(c['compiles'])} keys, {c['compile_s']:.1f} s in all; copy bandwidth {bw / 1e9:.0f} GB/s")
-    print("case | B | tiny | cutedsl | triton | floor (logits) | cutedsl / floor | triton / cutedsl (us)")
+    print("case | B | tiny | cutedsl | triton | standard | floor (logits) | cutedsl / floor | triton / cutedsl (us)")
     for r in result["timing"]:
         g = r["graph_us"]
-        print(f"{r['case']} | {r['B']} | {g['tiny_kernel']:.1f} | {g['cutedsl']:.1f} | {g['triton']:.1f} | "
+        std = f"{g['standard']:.1f}" if "standard" in g else "-"
+        print(f"{r['case']} | {r['B']} | {g['tiny_kernel']:.1f} | {g['cutedsl']:.1f} | {g['triton']:.1f} | {std} | "
               f"{r['floor_logits_us']:.1f} | {g['cutedsl'] / r['floor_logits_us']:.2f}x | {g['triton'] / g['cutedsl']:.2f}x")
     return 1 if bad or result["capture"]["replay_msgs"] or result["capture"]["unwritten"] else 0
 
