@@ -13,7 +13,7 @@ On one CUDA device, in this order (the JSON holds every number; the last lines p
    (a launch that escaped capture would leave the poisoned outputs);
 3. timing at K3 sizes (D 7, V 163840, no draft probabilities), B 1-64, ``sampled`` and ``greedy`` rows (the
    task's input cases): graph replays of the CuTe DSL and Triton kernels, of the op's standard path
-   (``--standard``) and of one tiny kernel (``add_``),
+   (``--standard``), of earlier versions (``--also``) and of one tiny kernel (``add_``),
    interleaved, L2 flushed before each (``kernels.timing.flush_l2``), CUDA events, medians (us); the bytes
    floor = the target logits (B x 8 x V x 2 bytes) and the noise (B x V x 4) read once at the bandwidth of a
    1 GiB device copy measured in the same run;
@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--cases", default="sampled,greedy")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--standard", action="store_true", help="also time the op's standard path (torch), graph-replayed")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=PATH",
+                    help="also time another version of _cute_verify.py (its own correctness: 8 domain draws)")
     a = ap.parse_args()
     from kernels import cutedsl
     from workbench import env
@@ -249,6 +251,18 @@ def main() -> int:
     kernels = {"cutedsl": cute_launch, "triton": triton_mod.launch}
     if a.standard:
         kernels["standard"] = dspark_verify_standard
+    for spec in a.also:
+        name, _, path = spec.partition("=")
+        try:
+            mod = _load(f"dspark_also_{name}", Path(path))
+            rows = correctness(mod.launch, inp, ref, task, 0, 8)
+        except Exception as exc:  # a variant that does not build or launch is reported and left out
+            result[f"correctness_{name}"] = f"{type(exc).__name__}: {exc}"[:2000]
+            print(f"{name}: left out ({type(exc).__name__}: {str(exc)[:300]})")
+            continue
+        result[f"correctness_{name}"] = rows
+        print(f"{name}: {sum(not r['msgs'] for r in rows)} of {len(rows)} configurations clean", flush=True)
+        kernels[name] = mod.launch
     result["timing"] = timing(kernels, inp, a.reps, [int(b) for b in a.batches.split(",")], a.cases.split(","), bw,
                               cute_mod)
     Path(a.out).write_text(json.dumps(result, indent=1, default=str))
