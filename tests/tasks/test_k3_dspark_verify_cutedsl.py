@@ -45,6 +45,15 @@ def test_package_imports_without_cutedsl_and_declares_cuda_only():
     assert init.SCOPE.devices == ("cuda",) and init.SCOPE.batch_max == init.MAX_B == 64
 
 
+def test_declared_cuda_only_so_cpu_runs_skip_it():
+    from workbench.fixtures import list_fixtures
+    from workbench.taskspec import load_task
+
+    fxs = {f.name: f for f in list_fixtures(load_task(ROOT, "k3_dspark_verify"))}
+    assert fxs["cutedsl-cuda"].good and fxs["cutedsl-cuda"].devices == ("cuda",)
+    assert not fxs["cutedsl-cuda"].runs_on("cpu") and fxs["cutedsl-cuda"].runs_on("cuda")
+
+
 def test_accepts_the_declared_shapes():
     init = _init()
     init.check_args(*_args())
