@@ -464,6 +464,70 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     return out
 
 
+def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[dict[str, int], dict[str, Any], str]]:
+    """``n`` configurations ``(axes, params, case)`` that break a cost constraint but stay under the ceiling.
+
+    The cost constraints keep most draws cheap; the op's legal (and served) sizes go beyond them. So
+    each run also draws here, among configurations meeting the domain's constraints and its
+    ``cost_ceiling`` and breaking at least one cost constraint: the first is pushed up to the ceiling
+    (each axis, in random order, raised to the largest of its cells' values that keeps the ceiling),
+    the others stay random; the regime and the overlays are drawn uniformly among the legal ones, the
+    params by cell. None when the task has no cost constraints, or its cost constraints admit every
+    configuration drawn (``MAX_TRIES`` candidates). Deterministic for a seed.
+
+    Args:
+        task: a task with a ``[domain]``.
+        seed: the run-time seed.
+        n: draws (default ``[domain] beyond_cost_draws``).
+
+    Source: session 14's red team (``bench/results/cpu/red_team_session14.md``: a kernel wrong only on
+    inputs above 2^23 elements was accepted while ``cost_constraints`` capped every draw at 2^22).
+    """
+    dom = task.domain
+    if dom is None or not dom.cost_constraints or not dom.cost_ceiling:
+        return []
+    n = dom.beyond_cost_draws if n is None else n
+    if n <= 0:
+        return []
+    rng = random.Random(_derive_seed(seed, "beyond_cost_draws"))
+    dims = _dims(dom)
+
+    def fits(values: dict[str, Any]) -> bool:
+        return (all(eval_constraint(c, values) for c in dom.constraints + dom.cost_ceiling)
+                and not all(eval_constraint(c, values) for c in dom.cost_constraints))
+
+    def one() -> dict[str, Any] | None:
+        for _ in range(MAX_TRIES):
+            values = {d.name: _draw_in(d.cells[rng.randrange(len(d.cells))], rng, d.is_int)
+                      for d in dims if d.kind in ("axis", "param")}
+            if fits(values):
+                return values
+        return None
+
+    def case_for(values: dict[str, Any]) -> str:
+        regimes = [r for r, spec in dom.regimes.items() if not spec.requires or eval_constraint(spec.requires, values)]
+        on = [o for o, spec in dom.overlays.items()
+              if (not spec.requires or eval_constraint(spec.requires, values)) and rng.random() < 0.5]
+        return join_case(regimes[rng.randrange(len(regimes))], on)
+
+    out = []
+    for i in range(n):
+        values = one()
+        if values is None:
+            break
+        if i == 0:  # pushed to the ceiling: each axis raised as far as the ceiling allows
+            for name in rng.sample(list(dom.axes), len(dom.axes)):
+                spec = dom.axes[name]
+                opts = sorted({c for c in spec.choices} if spec.choices is not None
+                              else {int(spec.max), *(int(v) for v in spec.realistic), values[name]}, reverse=True)
+                for v in opts:
+                    if v > values[name] and fits({**values, name: v}):
+                        values[name] = v
+                        break
+        out.append(({k: values[k] for k in dom.axes}, {k: values[k] for k in dom.params}, case_for(values)))
+    return out
+
+
 def invariance_applies(dom: DomainSpec, name: str, axes: dict[str, int], params: dict[str, Any], case: str) -> bool:
     """Whether the checked invariance ``name`` (a metamorphic pair) applies to a configuration: it has
     a transform, the case's regime is among its ``regimes`` (any when empty) and its ``requires`` holds."""
@@ -478,7 +542,8 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     """``correctness.random_draws`` workloads drawn at run time.
 
     With a ``[domain]``: every axis, param and input regime drawn by :func:`domain_draws`; each
-    workload is named ``random-<i>-<case>`` and carries its axes, params and case (regime and overlays).
+    workload is named ``random-<i>-<case>`` and carries its axes, params and case (regime and overlays);
+    then :func:`beyond_cost_draws` (``random-beyond-cost-<i>-<case>``: sizes past the cost cap).
     Every draw that a checked invariance (``[domain.invariances]`` with transform and relation)
     applies to gets one as its metamorphic pair (``invariance``): among those that apply, the one
     given to the fewest draws so far (declared order on a tie), so the pairs alternate.
@@ -496,6 +561,11 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
                 used[inv] += 1
             out.append(WorkloadSpec(name=f"random-{i}-{case_slug(case)}", axes=axes, params=params, case=case,
                                     phase=task.scope.phases[0], invariance=inv, note="drawn from [domain] at run time"))
+        beyond = beyond_cost_draws(task, seed) if task.correctness.random_draws else []  # no draws: none of these either
+        for i, (axes, params, case) in enumerate(beyond):
+            out.append(WorkloadSpec(name=f"random-beyond-cost-{i}-{case_slug(case)}", axes=axes, params=params,
+                                    case=case, phase=task.scope.phases[0],
+                                    note="drawn beyond [domain] cost_constraints, under cost_ceiling, at run time"))
         return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
     templates = [w for w in task.correctness.workloads if w.random_template]

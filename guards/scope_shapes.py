@@ -21,7 +21,7 @@ from typing import Any
 
 from guards.cases import _legal
 from k3_model.dispatch import ScopeError, parse_scope, shape_rule_admits
-from workbench.taskspec import DomainValueSpec, TaskSpec, WorkloadSpec
+from workbench.taskspec import DomainValueSpec, TaskSpec, WorkloadSpec, eval_constraint
 
 SUFFIX = "-in-shapes"
 """Appended to a random draw's name for its counterpart inside the declared shapes."""
@@ -64,9 +64,12 @@ def into_shapes(task: TaskSpec, w: WorkloadSpec, shapes: dict[str, dict[str, Any
     # Its case must be a domain regime (a generator for any legal configuration): a case written for
     # one configuration (an issue's worked example) cannot be moved
     costed = dom is not None and dom.satisfied({**axes, **dict(w.params)})
-    if dom is not None and w.case not in dom.regimes:
+    if dom is not None and w.case.split("+")[0] not in dom.regimes:
         return None if any(a in axes and not shape_rule_admits(r, axes[a]) for a, r in shapes.items()) else w
-    free = dom if costed or dom is None else dom.model_copy(update={"cost_constraints": ()})
+    free = dom
+    if dom is not None and not costed:  # a draw beyond the cost cap stays under the ceiling; a K3-size fixed one is free
+        under = all(eval_constraint(c, {**axes, **dict(w.params)}) for c in dom.cost_ceiling)
+        free = dom.model_copy(update={"cost_constraints": dom.cost_ceiling if under else ()})
 
     def legal(values: dict[str, int]) -> bool:
         return _legal(free, values, dict(w.params), w.case)

@@ -602,6 +602,13 @@ class DomainSpec(_Frozen):
         cost_constraints: limits on random draws that keep a verdict within its time and memory;
             they are not the op's legality (fixed workloads may lie outside them).
         cost_source: why the cost constraints are what they are (required with them).
+        cost_ceiling: the largest configurations a judge can still afford (constraints in the same form);
+            required with ``cost_constraints``. Each run adds ``beyond_cost_draws`` configurations that
+            break a cost constraint but stay under the ceiling (:func:`guards.cases.beyond_cost_draws`),
+            so a kernel wrong only above the cost cap (session 14's red team: rows of a blocked path
+            above 2^23 elements left unwritten, while every draw stayed <= 2^22) is judged there too.
+        beyond_cost_draws: how many (0 turns them off; a task whose cost constraints admit every
+            legal configuration gets none, there being none to draw).
         regimes: input regimes (``make_inputs`` cases) random draws use; one must be ``realistic``.
         inputs: the realistic and legal range of every input tensor and the regimes that draw it.
         invariances: transformations with a known effect on the outputs; those with a transform and a
@@ -618,6 +625,8 @@ class DomainSpec(_Frozen):
     constraints: tuple[str, ...] = ()
     cost_constraints: tuple[str, ...] = ()
     cost_source: str = ""
+    cost_ceiling: tuple[str, ...] = ()
+    beyond_cost_draws: int = Field(default=2, ge=0, le=8)
     regimes: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], DomainRegimeSpec] = Field(min_length=1)
     inputs: dict[str, DomainInputSpec]
     invariances: dict[str, DomainInvarianceSpec] = Field(default_factory=dict)
@@ -632,11 +641,15 @@ class DomainSpec(_Frozen):
             if unknown:
                 raise ValueError(f"features.{fname}: {feat.expr!r} names {unknown}, which are neither axes nor params "
                                  f"of the domain (axes: {', '.join(self.axes)}; params: {', '.join(self.params) or 'none'})")
-        for kind in ("constraints", "cost_constraints"):
+        for kind in ("constraints", "cost_constraints", "cost_ceiling"):
             for c in getattr(self, kind):
                 check_constraint(c)
         if self.cost_constraints and len(self.cost_source) < 10:
             raise ValueError("cost_constraints are set but cost_source does not say why; give the measured cost")
+        if self.cost_constraints and not self.cost_ceiling:
+            raise ValueError("cost_constraints are set but cost_ceiling is not: declare the largest configurations a "
+                             "judge can afford (e.g. cost_ceiling = [\"N * B <= 2**24\"]); run-time draws beyond the cost "
+                             "constraints go up to it, so no legal size the model serves is left unjudged")
         if "realistic" not in self.regimes:
             raise ValueError(f"regimes {sorted(self.regimes)} lack 'realistic' (the model's own range)")
         both = sorted(set(self.regimes) & set(self.overlays))
@@ -945,6 +958,7 @@ class TaskSpec(_Frozen):
                              + (f"missing {missing}" if missing else f"not an input: {extra}"))
         known = dom.names()
         for kind, exprs in (("constraints", dom.constraints), ("cost_constraints", dom.cost_constraints),
+                            ("cost_ceiling", dom.cost_ceiling),
                             *((f"regimes.{n}.requires", (r.requires,)) for n, r in dom.regimes.items() if r.requires),
                             *((f"overlays.{n}.requires", (o.requires,)) for n, o in dom.overlays.items() if o.requires),
                             *((f"invariances.{n}.requires", (v.requires,)) for n, v in dom.invariances.items()

@@ -13,6 +13,7 @@ from guards.cases import (
     _cell_index,
     _dims,
     _feature_cells,
+    beyond_cost_draws,
     build_case,
     domain_draws,
     load_task_module,
@@ -296,3 +297,41 @@ def test_shrink_drops_an_overlay_the_bug_does_not_need_and_keeps_one_it_does(moe
     assert r.workload.case == "bias_shift" and "overlay padding_rows dropped" in r.steps
     r = shrink(moe, w, lambda c: c.case.endswith("+padding_rows"))  # the bug: padding rows, whatever the data
     assert r.workload.case == "realistic+padding_rows" and r.workload.axes["T"] == 2  # the overlay requires T >= 2
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_beyond_cost_draws_break_the_cost_cap_and_keep_the_ceiling(task_id):
+    """Session 14's red team: a kernel wrong only above the cost cap (2^23 elements, every draw <= 2^22) was
+    accepted. Each run draws past the cost constraints, under the ceiling; the first draw is pushed up to it."""
+    task = load_task(REPO, task_id)
+    dom = task.domain
+    draws_by_seed = [beyond_cost_draws(task, seed) for seed in range(6)]
+    if dom.beyond_cost_draws == 0:
+        assert draws_by_seed == [[]] * 6
+        return
+    for draws in draws_by_seed:
+        assert len(draws) == dom.beyond_cost_draws
+        for axes, params, case in draws:
+            values = {**axes, **params}
+            assert all(eval_constraint(c, values) for c in dom.constraints + dom.cost_ceiling), (axes, case)
+            assert not all(eval_constraint(c, values) for c in dom.cost_constraints), (axes, case)
+            assert all(dom.axes[k].contains(v) for k, v in axes.items())
+            regime, overlays = dom.split_case(case)
+            assert regime in dom.regimes and set(overlays) <= set(dom.overlays)
+        axes, params, _ = draws[0]
+        for name, spec in dom.axes.items():  # pushed: no axis rises to its maximum without breaking the ceiling
+            top = max(spec.choices) if spec.choices is not None else spec.max
+            raised = {**axes, **params, name: top}
+            assert axes[name] == top or not all(eval_constraint(c, raised) for c in dom.cost_ceiling), (name, axes)
+    assert draws_by_seed[0] == beyond_cost_draws(task, 0)  # deterministic per seed
+    names = [w.name for w in random_workloads(task, 0) if w.name.startswith("random-beyond-cost-")]
+    assert len(names) == dom.beyond_cost_draws
+
+
+def test_cost_constraints_without_a_ceiling_are_refused(moe):
+    from workbench.taskspec import DomainSpec
+
+    raw = moe.domain.model_dump()
+    raw["cost_ceiling"] = ()
+    with pytest.raises(ValueError, match="cost_constraints are set but cost_ceiling is not"):
+        DomainSpec.model_validate(raw)

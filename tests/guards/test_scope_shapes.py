@@ -17,7 +17,7 @@ from guards.isolation import IsolationGuard
 from guards.verdict import Status
 from k3_model.dispatch import BatchInfo, OpScope, route
 from workbench.fixtures import materialize_inject
-from workbench.taskspec import load_task
+from workbench.taskspec import eval_constraint, load_task
 from workbench.worktree import create_candidate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +147,9 @@ def test_random_draws_outside_the_declared_shapes_get_a_counterpart_inside():
     for w, m in zip(outside, out):
         assert m.name == w.name + "-in-shapes" and m.axes["D"] % 8 == 0 and abs(m.axes["D"] - w.axes["D"]) < 8
         assert {k: v for k, v in m.axes.items() if k != "D"} == {k: v for k, v in w.axes.items() if k != "D"}
-        assert m.case == w.case and m.params == w.params and task.domain.satisfied({**m.axes, **m.params})
+        cap = task.domain.satisfied({**w.axes, **w.params})  # a draw beyond the cost cap stays under the ceiling
+        assert m.case == w.case and m.params == w.params and task.domain.satisfied({**m.axes, **m.params}, cost=cap)
+        assert all(eval_constraint(c, {**m.axes, **m.params}) for c in task.domain.cost_ceiling)
     assert followups(task, dict(BASE_SCOPE), draws) == []  # no shape rules: nothing to add
     assert followups(task, {**BASE_SCOPE, "shapes": "D%8"}, draws) == []  # not plain data: activation rejects it
 
