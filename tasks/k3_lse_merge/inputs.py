@@ -124,6 +124,32 @@ def _dominant_chunk(N: int, B: int, H: int, D: int, gen: torch.Generator) -> _Dr
     return outs, lses
 
 
+def mark_empty(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """The ``empty_markers`` overlay (task.toml ``[domain.overlays.empty_markers]``): mark chunks empty on top
+    of any regime's draw, in place: per (row, head) 0, 1, N - 1 or N chunks at random positions get an LSE
+    of -inf, +inf or NaN (at random: backends mixed across DCP ranks) and partial outputs of 0, NaN or inf;
+    the live chunks keep the regime's values, so empty chunks meet large and dominant LSEs (session 14's red
+    team: a kernel skipping the max subtraction whenever a chunk is empty was accepted while the marker
+    regimes drew only realistic LSEs).
+
+    Args:
+        inputs: ``outs`` (N, B, H, D) float32 and ``lses`` (N, B, H) float32.
+        axes: the workload's axes N, B, H, D.
+        seed: RNG seed of the overlay.
+
+    Returns:
+        ``inputs``, changed in place.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    outs, lses = inputs["outs"], inputs["lses"]
+    N, B, H = lses.shape
+    mask = _empty_mask(N, B, H, gen)
+    which = torch.randint(0, 3, (N, B, H), generator=gen)
+    for k, marker in enumerate((float("-inf"), float("inf"), float("nan"))):
+        _empty_fill(mask & (which == k), outs, lses, marker, gen)
+    return inputs
+
+
 CASES: dict[str, Callable[[int, int, int, int, torch.Generator], _Draw]] = {
     "realistic": _realistic,
     "empty_chunks": _empty_chunks,

@@ -268,6 +268,19 @@ def test_the_padding_overlay_meets_every_regime_in_every_run(moe):
             assert f"{r}+padding_rows" in cases and r in cases, (seed, r, sorted(cases))
 
 
+@pytest.mark.slow
+def test_lse_empty_markers_meet_every_regime_in_every_run():
+    """Session 14's red team: a merge that skipped the max subtraction whenever a chunk was empty was accepted,
+    since the marker regimes drew realistic LSEs only; empty markers are an overlay, and a regime meeting an
+    overlay is among the first pairs drawn, so each run of 12 draws puts them on every regime."""
+    task = load_task(REPO, "k3_lse_merge")
+    fixed = {w.case for w in task.correctness.workloads}
+    for seed in range(20):
+        cases = {w.case for w in random_workloads(task, seed)} | fixed
+        for r in task.domain.regimes:
+            assert f"{r}+empty_markers" in cases and r in cases, (seed, r, sorted(cases))
+
+
 def test_an_overlay_changes_the_regimes_draw_and_keeps_the_rest(moe):
     w = random_workloads(moe, 0)[0].model_copy(update={
         "name": "w", "axes": {"T": 16, "E": 64, "G": 1, "TG": 1, "K": 4, "B": 16}, "case": "wide_bias"})

@@ -97,7 +97,8 @@ def _ctx(repo: Path, tmp_path: Path, src: str, name: str, draws: int = 0, seed: 
     task = load_task(repo, AR)
     keep = ("k3_w2_t8", "mini_w2_t5", "edge_hidden_250_w2")
     task = task.model_copy(update={"correctness": task.correctness.model_copy(update={
-        "random_draws": draws, "workloads": tuple(w for w in task.correctness.workloads if w.name in keep)})})
+        "random_draws": draws, "workloads": tuple(w for w in task.correctness.workloads if w.name in keep)}),
+        "domain": task.domain.model_copy(update={"beyond_cost_draws": 0})})  # no draws past the cost cap (W 8)
     ctx = GuardContext(task=task, repo_root=repo, worktree=c.worktree, base_commit=c.base_commit,
                        candidate_commit=c.candidate_commit, device="cpu", seed=seed)
     assert IsolationGuard().check(ctx).status is Status.PASS
