@@ -41,7 +41,7 @@ SHAPE_DOMAIN = {
     "H": {"min": 1, "max": 128},
     "K": {"min": 1, "max": 256},
     "V": {"min": 1, "max": 256},
-    "S": {"min": 1, "max": 160},
+    "S": {"min": 2, "max": 160},
 }
 """The shapes ``tasks/k3_kda_decode`` judges (its ``[domain.axes]``, kept equal by
 tests/k3_model/test_dispatch_shapes.py): a call outside them never runs a latency-specialized kernel
