@@ -688,6 +688,8 @@ def _serve(fn, fc, rt, req, nonce):
         elif op == _P.OP_GO:
             spec = cur["spec"]
             ins, outs = cur["dev"][slot]
+            # an in-place output is its input (already in ``ins``), passed once
+            args = {k: v for k, v in outs.items() if not spec["outputs"][k].get("inplace")}
             status = b"k"
             compiles0 = _COMPILES[0]
             try:
@@ -696,7 +698,7 @@ def _serve(fn, fc, rt, req, nonce):
                     start.record()
                 cur["released"][slot].clear()  # the earlier call's tensors of this slot go here, timed (LOAD)
                 with rt() as trace, fc(decode_backend=backend, phase=spec["phase"], tp_size=1):
-                    fn(**ins, **spec["kwargs"], **outs)
+                    fn(**ins, **spec["kwargs"], **args)
                 if device == "cuda":
                     stop.record()
                     _SYNC()  # device-wide: work on any stream is finished before "done"

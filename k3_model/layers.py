@@ -22,11 +22,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from k3_model.ops.kda_decode import kda_decode, kda_gate, l2_normalize
 from k3_model.ops.lse_merge import lse_merge
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch, selection_scores
-
-L2_EPS = 1e-6
-"""KDA q/k L2-norm epsilon, inside the square root (kernel_targets.md §5.1, §5.5)."""
 
 MOE_ALIGN_BLOCK = 16
 """Block size the model asks ``moe_route_dispatch`` to align to (rows of a Triton expert tile)."""
@@ -184,36 +182,36 @@ class KDAState:
     Attributes:
         recurrent: (B, nh, d_v, d_k) float32, vLLM's V-first layout: ``S[b, h] @ k`` is ``S k``.
         conv: (B, 3, P, C-1) float32: the last C-1 pre-conv q, k, v projections per channel, oldest first.
+        slots: (B + 1, nh, d_v, d_k) float32 or ``None``: the slot pool the ``kda_decode`` op indexes
+            (slot 0 is the null slot; sequence b is slot b + 1), of which ``recurrent`` is the view
+            ``slots[1:]``. :meth:`zeros` allocates it; a state built from other tensors has none, and its
+            decode steps copy through a temporary pool (:meth:`decode_pool`).
     """
 
     recurrent: torch.Tensor
     conv: torch.Tensor
+    slots: torch.Tensor | None = None
 
     @classmethod
     def zeros(cls, batch: int, heads: int, head_dim: int, conv_width: int, device: torch.device | str) -> KDAState:
         """A fresh state (no tokens seen): zeros, so the conv sees zero padding before the first token."""
         P = heads * head_dim
-        return cls(torch.zeros(batch, heads, head_dim, head_dim, dtype=torch.float32, device=device),
-                   torch.zeros(batch, 3, P, conv_width - 1, dtype=torch.float32, device=device))
+        slots = torch.zeros(batch + 1, heads, head_dim, head_dim, dtype=torch.float32, device=device)
+        return cls(slots[1:], torch.zeros(batch, 3, P, conv_width - 1, dtype=torch.float32, device=device), slots)
 
+    def decode_pool(self) -> tuple[torch.Tensor, bool]:
+        """The pool a decode step hands the ``kda_decode`` op, sequence b in slot b + 1.
 
-def kda_gate(raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float) -> torch.Tensor:
-    """K3's bounded per-channel log-decay: ``g = lower_bound * sigmoid(exp(A_log[h]) * (raw_g + dt_bias))``.
-
-    Args:
-        raw_g: (..., nh, d) ``f_b_proj(f_a_proj(x))`` reshaped per head.
-        A_log: (>= nh,) float32; entries past nh are padding and ignored.
-        dt_bias: (nh * d,) float32.
-        lower_bound: ``gate_lower_bound`` (-5.0): g lies in (lower_bound, 0).
-
-    Returns:
-        (..., nh, d) float32 log-decays (each step multiplies the state by ``exp(g)`` per key channel).
-
-    Source: k3_architecture.md §4.2 (bounded gate replaces Kimi-Linear's softplus form); kernel_targets.md §5.1.
-    """
-    nh, d = raw_g.shape[-2:]
-    a = torch.exp(A_log.float()[:nh]).unsqueeze(-1)  # (nh, 1)
-    return lower_bound * torch.sigmoid(a * (raw_g.float() + dt_bias.float().view(nh, d)))
+        Returns:
+            ``(pool, copied)``: :attr:`slots` itself when ``recurrent`` is its view ``slots[1:]``
+            (``copied`` False); else a fresh (B + 1)-slot copy (``copied`` True: the caller copies
+            ``pool[1:]`` back into ``recurrent``).
+        """
+        s, r = self.slots, self.recurrent
+        if (s is not None and s.shape[0] == r.shape[0] + 1 and s.is_contiguous() and r.is_contiguous()
+                and s.shape[1:] == r.shape[1:] and s[1:].data_ptr() == r.data_ptr()):
+            return s, False
+        return torch.cat([torch.zeros_like(r[:1]), r]), True
 
 
 def _causal_conv_silu(x: torch.Tensor, taps: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,12 +302,22 @@ def kda_forward(w: KDAWeights, x: torch.Tensor, state: KDAState, *, heads: int, 
     v, cv = _causal_conv_silu(F.linear(x, w.v_proj), w.v_conv1d, state.conv[:, 2])
     state.conv.copy_(torch.stack([cq, ck, cv], dim=1))
     q, k, v = (t.view(B, T, heads, head_dim) for t in (q, k, v))
-    q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + L2_EPS) * head_dim ** -0.5
-    k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + L2_EPS)
     raw_g = F.linear(F.linear(x, w.f_a_proj), w.f_b_proj).view(B, T, heads, head_dim)
-    g = kda_gate(raw_g, w.A_log, w.dt_bias, lower_bound)
-    beta = torch.sigmoid(F.linear(x, w.b_proj).float())  # (B, T, nh)
-    o = kda_recurrence(q, k, v, g, beta, state.recurrent)  # (B, T, nh, d) fp32
+    raw_beta = F.linear(x, w.b_proj).float()  # (B, T, nh)
+    if T == 1:  # a decode step: the dispatched kda_decode op (L2 norms, gate, beta and the step)
+        pool, copied = state.decode_pool()
+        o = torch.empty(B, heads, head_dim, dtype=torch.float32, device=x.device)
+        kda_decode(q[:, 0].contiguous(), k[:, 0].contiguous(), v[:, 0].contiguous(), raw_g[:, 0].float().contiguous(),
+                   raw_beta[:, 0].contiguous(), w.A_log[:heads].float().contiguous(), w.dt_bias.float().contiguous(),
+                   pool, torch.arange(1, B + 1, dtype=torch.int32, device=x.device), lower_bound=lower_bound, out=o)
+        if copied:
+            state.recurrent.copy_(pool[1:])
+        o = o.view(B, T, heads, head_dim)
+    else:  # prefill chunk: the token loop, the same per-token float32 math
+        q = l2_normalize(q) * head_dim ** -0.5
+        k = l2_normalize(k)
+        g = kda_gate(raw_g, w.A_log, w.dt_bias, lower_bound)
+        o = kda_recurrence(q, k, v, g, torch.sigmoid(raw_beta), state.recurrent)  # (B, T, nh, d) fp32
     o = rms_norm(o, w.o_norm, eps)
     gate = torch.sigmoid(F.linear(x, w.g_proj).float()).view(B, T, heads, head_dim)
     return F.linear((o * gate).reshape(B, T, P).to(x.dtype), w.o_proj)

@@ -42,10 +42,11 @@ from k3_model.layers import (
     situ_mlp,
 )
 
-DISPATCHED_OPS = ("moe_dispatch", "lse_merge")
+DISPATCHED_OPS = ("moe_dispatch", "lse_merge", "kda_decode")
 """Dispatcher ops the model calls (``k3_model.dispatch.select``): the MoE routing of every LatentMoE
-layer, and the split-KV LSE merge of every MLA decode step once the latent cache holds
-``layers.SPLIT_KV_MIN_PAGES`` pages (the model eval's contexts always do). Other tasks' ops (e.g.
+layer, the split-KV LSE merge of every MLA decode step once the latent cache holds
+``layers.SPLIT_KV_MIN_PAGES`` pages (the model eval's contexts always do), and the KDA step of every KDA
+layer's decode step (one token per sequence; prefill chunks keep the token loop). Other tasks' ops (e.g.
 ``dspark_verify``: speculative verification, which the standalone loop does not do) are not called;
 the model-eval guard skips those tasks, and checks this list against the trace of every run."""
 

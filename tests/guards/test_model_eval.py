@@ -69,9 +69,9 @@ def test_no_merged_kernel_or_unused_op_is_skip(tmp_path):
     wt = _worktree(tmp_path)
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt))
     assert v.status is Status.SKIP and "never ran inside the model" in v.summary
-    task = load_task(REPO_ROOT, "k3_moe_dispatch").model_copy(update={"op": "kda_decode"})
+    task = load_task(REPO_ROOT, "k3_moe_dispatch").model_copy(update={"op": "dspark_verify"})
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt, task))
-    assert v.status is Status.SKIP and "never calls op 'kda_decode'" in v.summary
+    assert v.status is Status.SKIP and "never calls op 'dspark_verify'" in v.summary
 
 
 def _drift(rel_error: float) -> float:
@@ -106,7 +106,7 @@ def _drift(rel_error: float) -> float:
             dispatch._MODULES.pop("moe_dispatch", None)
         else:
             dispatch._MODULES["moe_dispatch"] = saved
-    assert cand.implementation_counts("decode") == {"moe_dispatch:latency_specialized": 8 * 63}
+    assert cand.implementation_counts("decode") == {"moe_dispatch:latency_specialized": 8 * 63, "kda_decode:standard": 6 * 63}
     return float((cand.logprobs - std.logprobs).abs().max())
 
 

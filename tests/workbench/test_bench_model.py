@@ -90,20 +90,27 @@ def test_traces_say_where_the_kernel_ran(cpu_run):
     for row in r.rows:
         assert row.decode.phase == "decode"
         assert row.mixed.phase == ("prefill" if row.batch == 1 else "mixed")
+        no_kda = "kda_decode -> standard: no latency-specialized kernel merged for kda_decode"
         for kind in (row.decode, row.mixed):
+            # a step with decoding sequences runs the kda_decode op in each of K3-mini's 6 KDA layers (no
+            # kernel merged for it here); a prefill-only step (mixed at batch 1) keeps KDA's token loop
+            kda = kind is row.decode or row.batch > 1
             std = kind.sides["standard"].trace
             assert std.kernel_steps == 0 and std.kernel_steps_fraction == 0.0 and std.kernel_calls_fraction == 0.0
-            assert std.reasons == ["moe_dispatch -> standard: decode_backend is standard"]
-            assert std.implementations == {"moe_dispatch:standard": 8 * std.steps}  # 8 MoE layers in K3-mini
+            assert std.reasons == ["kda_decode -> standard: decode_backend is standard"] * kda + \
+                ["moe_dispatch -> standard: decode_backend is standard"]
+            assert std.implementations == {"moe_dispatch:standard": 8 * std.steps,  # 8 MoE layers in K3-mini
+                                           **({"kda_decode:standard": 6 * std.steps} if kda else {})}
         dec = row.decode.sides["latency_specialized"].trace
-        assert (dec.steps, dec.kernel_steps, dec.kernel_steps_fraction, dec.kernel_calls_fraction) == (3, 3, 1.0, 1.0)
-        assert dec.source == "per_call" and dec.implementations == {"moe_dispatch:latency_specialized": 24}
-        assert dec.reasons == [f"moe_dispatch -> latency_specialized: in scope (phase decode, batch {row.batch}, cpu, "
-                               "float32, TP 1, E 32, K 4, G 1, TG 1, B 16)"]
+        assert (dec.steps, dec.kernel_steps, dec.kernel_steps_fraction, dec.kernel_calls_fraction) == (3, 3, 1.0, 24 / 42)
+        assert dec.source == "per_call" and dec.implementations == {"moe_dispatch:latency_specialized": 24,
+                                                                    "kda_decode:standard": 18}
+        assert dec.reasons == [no_kda, f"moe_dispatch -> latency_specialized: in scope (phase decode, batch {row.batch}, "
+                                       "cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)"]
         mix = row.mixed.sides["latency_specialized"].trace
         assert (mix.kernel_steps, mix.kernel_steps_fraction) == (0, 0.0)
-        assert mix.reasons == [f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in "
-                               "['decode']"]
+        assert mix.reasons == [no_kda] * (row.batch > 1) + [
+            f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode']"]
 
 
 def test_profile_breakdown_names_the_ops_that_hold_the_time(cpu_run):
@@ -279,7 +286,7 @@ def test_static_step_computes_the_ordinary_decode(mini):
         tok = ref.argmax(-1).view(-1, 1)
         torch.testing.assert_close(step.logits, ref, rtol=1e-5, atol=2e-5)
         assert torch.equal(step.next_tokens, tok.view(-1))
-        assert step.last_trace == {"moe_dispatch:standard": 8}
+        assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8}  # 6 KDA, 8 MoE layers
     assert step.positions() == [18, 18, 18] and torch.equal(step.tokens, tok)
     snap = step.snapshot()
     step()
@@ -308,7 +315,7 @@ def test_static_step_has_no_host_sync_while_the_ordinary_forward_has(mini):
     step.logits = torch.zeros(3, cfg.text_config.vocab_size, device="meta")
     step.next_tokens = torch.zeros(3, dtype=torch.int64, device="meta")
     step()
-    assert step.last_trace == {"moe_dispatch:standard": 8} and step.logits.device.type == "meta"
+    assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8} and step.logits.device.type == "meta"
     with pytest.raises((RuntimeError, NotImplementedError)), forward_context(decode_backend="standard", phase="decode"):
         meta.forward(torch.zeros(3, 1, dtype=torch.int64, device="meta"), meta.new_cache(3))
 
@@ -333,7 +340,9 @@ def test_forward_groups_is_one_batch_of_separate_sequences(mini):
     assert [tuple(g.shape) for g in got] == [(1, 5, 4096), (2, 1, 4096)] and (pre.length, dec.length) == (11, 10)
     for g, ref in zip(got, refs):
         torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-4)
-    assert {d.batch_size for d in trace.decisions} == {7} and {d.phase for d in trace.decisions} == {"mixed"}
+    # the MoE op sees all 7 tokens at once; the KDA decode op the decoding group's 2 sequences
+    assert {(d.op, d.batch_size) for d in trace.decisions} == {("moe_dispatch", 7), ("kda_decode", 2)}
+    assert {d.phase for d in trace.decisions} == {"mixed"}
 
 
 def test_a_failing_measuring_child_reports_its_output(tmp_path):
