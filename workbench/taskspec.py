@@ -648,7 +648,7 @@ class DomainSpec(_Frozen):
             raise ValueError("cost_constraints are set but cost_source does not say why; give the measured cost")
         if self.cost_constraints and not self.cost_ceiling:
             raise ValueError("cost_constraints are set but cost_ceiling is not: declare the largest configurations a "
-                             "judge can afford (e.g. cost_ceiling = [\"N * B <= 2**24\"]); run-time draws beyond the cost "
+                             "judge can afford (e.g. cost_ceiling = [\"N * B <= 16777216\"]); run-time draws beyond the cost "
                              "constraints go up to it, so no legal size the model serves is left unjudged")
         if "realistic" not in self.regimes:
             raise ValueError(f"regimes {sorted(self.regimes)} lack 'realistic' (the model's own range)")

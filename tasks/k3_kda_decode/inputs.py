@@ -81,10 +81,9 @@ def _garbage(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     return torch.randint(-2**31, 2**31 - 1, shape, generator=gen, dtype=torch.int32).view(torch.float32)
 
 
-def _padding_rows(B: int, H: int, K: int, V: int, S: int, gen: torch.Generator) -> _Draw:
-    """Some rows padding (slot index 0 or -1, as vLLM's null slot and CUDA-graph filler), their inputs
-    and the null slot 0 garbage: padding rows output 0 and touch no slot."""
-    d = _realistic(B, H, K, V, S, gen)
+def _pad(d: _Draw, gen: torch.Generator) -> None:
+    B = int(d["state_indices"].shape[0])
+    H, V, K = (int(x) for x in d["state"].shape[1:])
     counts = padding_counts(B)
     n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
     pad = torch.randperm(B, generator=gen)[:n]
@@ -92,7 +91,33 @@ def _padding_rows(B: int, H: int, K: int, V: int, S: int, gen: torch.Generator) 
     for name in ("q", "k", "v", "raw_g", "raw_beta"):
         d[name][pad] = _garbage(tuple(d[name][pad].shape), gen)
     d["state"][0] = _garbage((H, V, K), gen)
+
+
+def _padding_rows(B: int, H: int, K: int, V: int, S: int, gen: torch.Generator) -> _Draw:
+    """Some rows padding (slot index 0 or -1, as vLLM's null slot and CUDA-graph filler), their inputs
+    and the null slot 0 garbage: padding rows output 0 and touch no slot."""
+    d = _realistic(B, H, K, V, S, gen)
+    _pad(d, gen)
     return d
+
+
+def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """The ``padding_rows`` overlay (task.toml ``[domain.overlays.padding_rows]``): make some rows of any
+    regime's draw padding, in place (:func:`padding_counts` rows get slot index 0 or -1 and garbage inputs,
+    the null slot 0 garbage state); the other rows keep the regime's values, so padding meets tiny norms,
+    extreme gates and betas and large states (padding as a regime of its own met realistic rows only: the
+    class of session 13's and 14's red-team escapes on the MoE and LSE tasks).
+
+    Args:
+        inputs: the op's inputs (``make_inputs``'s names, shapes and dtypes).
+        axes: the workload's axes.
+        seed: RNG seed of the overlay.
+
+    Returns:
+        ``inputs``, changed in place.
+    """
+    _pad(inputs, torch.Generator().manual_seed(int(seed)))
+    return inputs
 
 
 def _tiny_norms(B: int, H: int, K: int, V: int, S: int, gen: torch.Generator) -> _Draw:
