@@ -47,15 +47,38 @@ def _one_expert(T: int, E: int, gen: torch.Generator) -> _Draw:
     return torch.randn(T, 1, generator=gen), _small_bias(1, gen), torch.ones(T, dtype=torch.bool)
 
 
+PADDING_CONTENTS = ("garbage", "plausible", "mixed")
+"""What a padded step's padding rows hold, one of these per step, uniformly: every padding row garbage
+(:func:`padding_garbage`), every one the regime's own ordinary logits (vLLM runs dummy tokens through the
+model, so a padding row may look valid), or each row one or the other."""
+
+
 def _pad(logits: torch.Tensor, valid: torch.Tensor, gen: torch.Generator) -> None:
+    """Make some rows of a step padding, in place. The count: half the steps from :func:`padding_counts`
+    (so one row, a quarter, a half and all but one come in every run), half uniform in [1, T - 1] (session
+    14's red team: a kernel wrong only between the menu's counts, 1 < n < T // 4, what most CUDA-graph
+    steps have, was accepted). The layout: half the steps the tail a CUDA graph pads (valid rows first),
+    half random positions (session 14: a kernel wrong only on a padded tail was accepted). The content:
+    :data:`PADDING_CONTENTS` (session 14: a kernel telling padding from the logits' garbage, not from
+    ``token_valid``, was accepted)."""
     T, E = logits.shape
     if T < 2:
         raise ValueError(f"inputs case 'padding_rows' needs T >= 2 (some rows valid, some padding); got T={T}.")
     counts = padding_counts(T)
-    n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
-    pad = torch.randperm(T, generator=gen)[:n]
+    if bool(torch.rand(1, generator=gen) < 0.5):
+        n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
+    else:
+        n = int(torch.randint(1, T, (1,), generator=gen))
+    if bool(torch.rand(1, generator=gen) < 0.5):
+        pad = torch.arange(T - n, T)
+    else:
+        pad = torch.randperm(T, generator=gen)[:n]
     valid[pad] = False
-    logits[pad] = padding_garbage(len(pad), E, gen)  # a kernel must ignore it (CUDA-graph padding rows)
+    content = PADDING_CONTENTS[int(torch.randint(0, len(PADDING_CONTENTS), (1,), generator=gen))]
+    if content == "mixed":
+        pad = pad[torch.rand(n, generator=gen) < 0.5]
+    if content != "plausible" and len(pad):
+        logits[pad] = padding_garbage(len(pad), E, gen)  # a kernel must ignore it (CUDA-graph padding rows)
 
 
 def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:

@@ -291,8 +291,8 @@ def test_an_overlay_changes_the_regimes_draw_and_keeps_the_rest(moe):
     assert torch.equal(padded["e_score_correction_bias"], plain["e_score_correction_bias"])  # the wide bias stays
     assert float(plain["e_score_correction_bias"].std()) > 0.3
     assert torch.equal(padded["router_logits"][valid], plain["router_logits"][valid])  # valid rows: the regime's
-    pad = padded["router_logits"][~valid]
-    assert not torch.equal(pad, plain["router_logits"][~valid])  # padding rows: garbage
+    # padding rows: garbage or the regime's ordinary logits (tasks/k3_moe_dispatch/inputs.py PADDING_CONTENTS)
+    assert padded["router_logits"].shape == plain["router_logits"].shape
 
 
 def test_a_case_naming_an_unknown_overlay_is_a_clear_error(moe):

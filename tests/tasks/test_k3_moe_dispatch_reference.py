@@ -105,8 +105,8 @@ def test_padding_rows_get_minus_one_zero_weight_and_are_not_dispatched() -> None
     valid, K = inputs["token_valid"], params["top_k"]
     pad = (~valid).nonzero().flatten().tolist()
     garbage = inputs["router_logits"][pad]
-    assert 1 <= len(pad) < valid.numel() and garbage.isnan().any() and garbage.isinf().any()  # anything goes there
-    assert inputs["router_logits"][valid].isfinite().all()
+    assert 1 <= len(pad) < valid.numel() and garbage.numel() == len(pad) * inputs["router_logits"].shape[1]
+    assert inputs["router_logits"][valid].isfinite().all()  # padding rows hold anything (garbage or ordinary logits)
     assert (want["topk_ids"][pad] == -1).all() and (want["topk_weights"][pad] == 0).all()
     dispatched = set(want["sorted_token_ids"].tolist())
     assert not dispatched & {t * K + k for t in pad for k in range(K)}
@@ -367,10 +367,16 @@ def test_edge_cases_have_their_properties() -> None:
     sat = inp.make_inputs({"T": 3, "E": 896}, 0, "saturated")
     assert (torch.sigmoid(sat["router_logits"]) == 1.0).float().mean() > 0.3 and (sat["e_score_correction_bias"] != 0).all()
     assert inp.padding_counts(12) == [1, 3, 6, 11] and inp.padding_counts(2) == [1] and inp.padding_counts(3) == [1, 2]
-    seen = {int((~inp.make_inputs({"T": 12, "E": 32}, s, "padding_rows")["token_valid"]).sum()) for s in range(40)}
-    assert seen == {1, 3, 6, 11}  # more than a quarter of the rows too (session 12's red team)
-    firsts = {int((~inp.make_inputs({"T": 12, "E": 32}, s, "padding_rows")["token_valid"]).nonzero()[0]) for s in range(40)}
-    assert len(firsts) > 3  # padding rows anywhere, not only at the end
+    draws = [inp.make_inputs({"T": 12, "E": 32}, s, "padding_rows") for s in range(80)]
+    pads = [~x["token_valid"] for x in draws]
+    seen = {int(p.sum()) for p in pads}
+    assert {1, 3, 6, 11} <= seen and {2, 4, 5} & seen  # the menu, and counts between (session 14's red team)
+    tails = [bool(p[12 - int(p.sum()):].all()) for p in pads]
+    assert 0.3 < sum(tails) / len(tails) < 0.8  # the CUDA-graph tail often, random positions too
+    assert len({int(p.nonzero()[0]) for p in pads}) > 3
+    garbage = [bool((x["router_logits"][p].abs() >= 1e20).any() | x["router_logits"][p].isnan().any())
+               for x, p in zip(draws, pads)]
+    assert 0.2 < garbage.count(False) / len(garbage) < 0.6  # some padded steps look entirely valid
     assert int((~inp.make_inputs({"T": 2, "E": 32}, 0, "padding_rows")["token_valid"]).sum()) == 1
 
 
