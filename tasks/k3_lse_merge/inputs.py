@@ -58,8 +58,12 @@ def _empty_fill(mask: torch.Tensor, outs: torch.Tensor, lses: torch.Tensor, mark
 
 
 def _empty_mask(N: int, B: int, H: int, gen: torch.Generator) -> torch.Tensor:
-    """(N, B, H) bool: per (row, head) 0, 1, N - 1 or N empty chunks, at random positions."""
-    counts = torch.tensor([0, 1, max(N - 1, 0), N])[torch.randint(0, 4, (B, H), generator=gen)]
+    """(N, B, H) bool: per (row, head) half the time 0, 1, N - 1 or N empty chunks (the edges, certain in
+    every run), half the time a count uniform in [0, N] (session 14's red team: a merge wrong only with 2 to
+    N - 2 empty chunks was accepted while the counts came from the menu alone), at random positions."""
+    menu = torch.tensor([0, 1, max(N - 1, 0), N])[torch.randint(0, 4, (B, H), generator=gen)]
+    uniform = torch.randint(0, N + 1, (B, H), generator=gen)
+    counts = torch.where(torch.rand((B, H), generator=gen) < 0.5, menu, uniform)
     order = torch.rand((N, B, H), generator=gen).argsort(dim=0).argsort(dim=0)  # a random rank per chunk
     return order < counts.unsqueeze(0)
 
