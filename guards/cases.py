@@ -221,15 +221,19 @@ class _Dim:
 
 
 def _dims(dom: DomainSpec, regimes: tuple[str, ...] | None = None,
-          overlays: tuple[str, ...] | None = None) -> list[_Dim]:
+          overlays: tuple[str, ...] | None = None, variants: bool = True) -> list[_Dim]:
     """Coverage dimensions: the axes, the params, the regime, the overlays (cells: off, on; these are
     drawn, in this order), then the declared features (derived from the drawn values; cells: holds,
     does not hold). ``regimes``/``overlays``: those drawn (default: all); an overlay left out is off."""
     dims = [_Dim("axis", n, tuple(value_cells(s)), True) for n, s in dom.axes.items()]
     dims += [_Dim("param", n, tuple(value_cells(s)), s.is_int_range) for n, s in dom.params.items()]
     dims.append(_Dim("regime", "case", tuple(Cell(r, r) for r in dom.regimes if regimes is None or r in regimes), False))
-    dims += [_Dim("overlay", n, (Cell(False, False), Cell(True, True)), False) for n in dom.overlays
-             if overlays is None or n in overlays]
+    dims += [_Dim("overlay", n, (Cell(False, False), Cell(True, True)), False)
+             for n in dom.overlays if overlays is None or n in overlays]
+    # an overlay's variants (how many rows it pads): a dimension of their own, counted only where the overlay is
+    # on, so each variant meets every axis value and param while the regimes meet the overlay itself
+    dims += [_Dim("variant", n, tuple(Cell(v, v) for v in dom.overlays[n].variants), False)
+             for n in dom.overlays if variants and (overlays is None or n in overlays) and dom.overlays[n].variants]
     dims += [_Dim("feature", n, (Cell(True, True), Cell(False, False)), False) for n in dom.features]
     return dims
 
@@ -240,8 +244,8 @@ def join_case(regime: str, overlays: tuple[str, ...] | list[str] = ()) -> str:
 
 
 def case_slug(case: str) -> str:
-    """A case as a workload-name part: ``"wide_bias+padding_rows"`` -> ``"wide-bias-with-padding-rows"``."""
-    return case.replace("+", "-with-").replace("_", "-")
+    """A case as a workload-name part: ``"wide_bias+padding_rows:few"`` -> ``"wide-bias-with-padding-rows-few"``."""
+    return case.replace("+", "-with-").replace(":", "-").replace("_", "-")
 
 
 def _feature_cells(dom: DomainSpec, values: dict[str, Any]) -> list[int | None]:
@@ -272,13 +276,13 @@ def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], case: 
         return False
     if regime not in dom.regimes:
         return False
-    reqs = [dom.regimes[regime].requires] + [dom.overlays[o].requires for o in overlays]
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[o.split(":")[0]].requires for o in overlays]
     return all(not r or eval_constraint(r, values) for r in reqs)
 
 
 def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tuple[str, ...] | None = None,
                  overlays: tuple[str, ...] | None = None, covered: list[WorkloadSpec] | None = None,
-                 salt: str = "domain_draws") -> list[tuple[dict[str, int], dict[str, Any], str]]:
+                 salt: str = "domain_draws", variants: bool = True) -> list[tuple[dict[str, int], dict[str, Any], str]]:
     """``n`` configurations ``(axes, params, case)`` drawn over every axis, param, regime and overlay of
     the domain; ``case`` is the regime, followed by the overlays drawn on (:func:`join_case`).
 
@@ -312,6 +316,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         n: draws (default ``correctness.random_draws``).
         regimes: the regimes drawn (default: every regime of the domain).
         overlays: the overlays drawn (default: every overlay of the domain; the others stay off).
+        variants: cover each overlay's ``variants`` as a dimension (False: an overlay on draws any variant).
         covered: the workloads whose cells and pairs count as covered already (default: the fixed
             correctness workloads).
         salt: mixed into the seed, so another user of the draws (perf) gets other draws for one seed.
@@ -325,7 +330,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         raise TaskSpecError(f"Task {task.task_id!r}: no [domain] declared; random draws over the domain need one.")
     n = task.correctness.random_draws if n is None else n
     rng = random.Random(_derive_seed(seed, salt))
-    dims = _dims(dom, regimes, overlays)
+    dims = _dims(dom, regimes, overlays, variants)
     nd = sum(d.kind != "feature" for d in dims)  # drawn dimensions: axes, params, the regime, the overlays
     ri = next(i for i, d in enumerate(dims) if d.kind == "regime")
     if not dims[ri].cells:
@@ -334,7 +339,11 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     singles: set[tuple[int, int]] = set()
     pairs: set[tuple[int, int, int, int]] = set()
 
+    overlay_of = {i: next(j for j, e in enumerate(dims) if e.kind == "overlay" and e.name == d.name)
+                  for i, d in enumerate(dims) if d.kind == "variant"}
+
     def cover(idx: list[int | None]) -> tuple[set, set]:
+        idx = [None if i in overlay_of and idx[overlay_of[i]] != 1 else v for i, v in enumerate(idx)]
         s1 = {(d, i) for d, i in enumerate(idx) if i is not None}
         s2 = {(a, idx[a], b, idx[b]) for a in range(len(idx)) for b in range(a + 1, len(idx))
               if idx[a] is not None and idx[b] is not None}
@@ -345,8 +354,10 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
             w_regime, w_over = dom.split_case(w.case)
         except ValueError:
             w_regime, w_over = w.case, ()
+        on = {o.split(":")[0]: o.partition(":")[2] for o in w_over}
         vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param"
-                else w_regime if d.kind == "regime" else d.name in w_over for d in dims[:nd]]
+                else w_regime if d.kind == "regime" else d.name in on if d.kind == "overlay"
+                else on.get(d.name) or None for d in dims[:nd]]
         s1, s2 = cover([_cell_index(d, v) for d, v in zip(dims, vals)]
                        + _feature_cells(dom, {**w.axes, **w.params}))
         singles |= s1
@@ -362,7 +373,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     decidable: list[list[str]] = []
     drawn: set[str] = set()
     for d in dims[:nd]:
-        if d.kind in ("regime", "overlay"):
+        if d.kind in ("regime", "overlay", "variant"):
             decidable.append([])
             continue
         drawn.add(d.name)
@@ -373,7 +384,10 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         # every constraint already decidable (so a tightly constrained value, e.g. G = 1 forcing
         # TG = 1, is as likely as the others instead of being lost to rejection sampling). ``forced``
         # (dimension -> cell) pins the target pair's two cells. None: nothing legal in ``tries``.
-        forced = forced or {}
+        forced = dict(forced or {})
+        for vi, oi in overlay_of.items():  # a pinned variant needs its overlay on
+            if vi in forced:
+                forced[oi] = 1
         for _ in range(tries):
             idx: list[int] = []
             vals: list[Any] = []
@@ -409,7 +423,9 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         return None
 
     def _case_of(vals: list[Any]) -> str:
-        return join_case(vals[ri], [d.name for d, v in zip(dims[:nd], vals) if d.kind == "overlay" and v])
+        variant = {d.name: v for d, v in zip(dims[:nd], vals) if d.kind == "variant"}
+        return join_case(vals[ri], [f"{d.name}:{variant[d.name]}" if d.name in variant else d.name
+                                    for d, v in zip(dims[:nd], vals) if d.kind == "overlay" and v])
 
     def any_candidate() -> tuple[list[int], list[Any]]:
         found = candidate()
@@ -432,7 +448,9 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
         data = 1.0 if {dims[a].kind, dims[b].kind} <= data_dims and "regime" in {dims[a].kind, dims[b].kind} else 0.0
         return (1000 / ca * ((a, ia) not in singles) + 1000 / cb * ((b, ib) not in singles) + 1 / (ca * cb) + data)
 
+    own = {frozenset((vi, oi)) for vi, oi in overlay_of.items()}  # an overlay and its variants: one thing
     every_pair = [(a, ia, b, ib) for a in range(len(dims)) for b in range(a + 1, len(dims))
+                  if frozenset((a, b)) not in own
                   for ia in range(len(dims[a].cells)) for ib in range(len(dims[b].cells))]
     dead: set[tuple[int, int, int, int]] = set()  # target pairs no legal configuration was found for
 
@@ -511,7 +529,8 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
 
     def case_for(values: dict[str, Any]) -> str:
         regimes = [r for r, spec in dom.regimes.items() if not spec.requires or eval_constraint(spec.requires, values)]
-        on = [o for o, spec in dom.overlays.items()
+        on = [o if not spec.variants else f"{o}:{spec.variants[rng.randrange(len(spec.variants))]}"
+              for o, spec in dom.overlays.items()
               if (not spec.requires or eval_constraint(spec.requires, values)) and rng.random() < 0.5]
         return join_case(regimes[rng.randrange(len(regimes))], on)
 
@@ -779,13 +798,15 @@ def draw_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, what: str = "make_in
             f"(case {regime!r}): {type(exc).__name__}: {exc}"
         ) from exc
     for o in overlays:
+        o, _, variant = o.partition(":")
         fn_name = task.domain.overlays[o].apply  # type: ignore[union-attr]
         fn = getattr(inputs_mod, fn_name, None)
         if not callable(fn):
             raise TaskSpecError(f"Task {task.task_id!r}: overlay {o!r} names {fn_name!r}, which is not a function of "
                                 f"tasks/{task.task_id}/inputs.py; define it or fix 'apply' in task.toml.")
         try:
-            inp = fn(inp, dict(w.axes), _derive_seed(seed, "overlay", o))
+            kw = {"variant": variant} if variant else {}
+            inp = fn(inp, dict(w.axes), _derive_seed(seed, "overlay", o), **kw)
         except Exception as exc:
             raise TaskSpecError(f"Task {task.task_id!r}: inputs.{fn_name} (overlay {o!r}) failed for {what} workload "
                                 f"{w.name!r}: {type(exc).__name__}: {exc}") from exc

@@ -865,7 +865,7 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     if task.domain is not None and m > 0:
         for i, (axes, params, case) in enumerate(domain_draws(task, seed, m, regimes=timed_regimes(task),
                                                               overlays=timed_overlays(task), covered=listed,
-                                                              salt="perf_domain_draws")):
+                                                              salt="perf_domain_draws", variants=False)):
             out.append(tmpl.model_copy(update={"name": f"random-perf-domain-{i}-{case_slug(case)}",
                                                "axes": axes, "params": params, "case": case,
                                                "note": "drawn from [domain] at run time (perf)"}))

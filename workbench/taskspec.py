@@ -482,9 +482,15 @@ class DomainOverlaySpec(_Frozen):
         requires: a constraint the axes and params must meet for the overlay (``"T >= 2"``); empty = any.
         timed: serving steps carry it (padding rows on every padded CUDA-graph step), so perf's domain
             draws time it too.
+        variants: kinds of the change (e.g. how many rows are padding: one, a few, many); each is a cell
+            of the overlay's coverage dimension, so every kind meets every regime and value (session 14's
+            red team: a kernel wrong only with 2 to T/4 - 1 padding rows was accepted while the count was
+            a random choice inside the overlay). The case names one as ``padding_rows:few`` and ``apply``
+            gets it as ``variant=``; empty: the overlay is on or off.
     """
 
     apply: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    variants: tuple[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")], ...] = ()
     source: str = Field(min_length=3)
     note: str = ""
     requires: str = ""
@@ -690,11 +696,16 @@ class DomainSpec(_Frozen):
             ValueError: a ``+`` part is not in ``[domain.overlays]``, or is named twice.
         """
         regime, *overlays = case.split("+")
-        for o in overlays:
-            if o not in self.overlays:
-                raise ValueError(f"case {case!r} names overlay {o!r}, which is not in [domain.overlays] "
+        names = [o.split(":")[0] for o in overlays]
+        for o, name in zip(overlays, names):
+            if name not in self.overlays:
+                raise ValueError(f"case {case!r} names overlay {name!r}, which is not in [domain.overlays] "
                                  f"(known: {', '.join(sorted(self.overlays)) or 'none'}); write '<regime>+<overlay>'")
-        if len(set(overlays)) != len(overlays):
+            variant = o.partition(":")[2]
+            if ":" in o and variant not in self.overlays[name].variants:
+                raise ValueError(f"case {case!r} names variant {variant!r} of overlay {name!r}; its variants: "
+                                 f"{', '.join(self.overlays[name].variants) or 'none'}")
+        if len(set(names)) != len(names):
             raise ValueError(f"case {case!r} names an overlay twice")
         return regime, tuple(overlays)
 
@@ -995,7 +1006,7 @@ class TaskSpec(_Frozen):
             except ValueError as exc:
                 raise ValueError(f"correctness workload {w.name!r}: {exc}") from exc
             for o in overlays:
-                req = dom.overlays[o].requires
+                req = dom.overlays[o.split(":")[0]].requires
                 if req and not eval_constraint(req, values):
                     raise ValueError(f"correctness workload {w.name!r}: overlay {o!r} requires {req!r}, which the "
                                      "workload does not meet")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import math
+
 import torch
 
 _Draw = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -53,9 +55,31 @@ PADDING_CONTENTS = ("garbage", "plausible", "mixed")
 model, so a padding row may look valid), or each row one or the other."""
 
 
-def _pad(logits: torch.Tensor, valid: torch.Tensor, gen: torch.Generator) -> None:
+PADDING_VARIANTS = ("one", "few", "many", "all_but_one")
+"""How many rows the ``padding_rows`` overlay pads (task.toml ``variants``, each a coverage cell): one row,
+a few (2 .. max(2, T // 4), log-uniform: what padding a batch to the next CUDA-graph size mostly gives,
+33 -> 40), many (T // 4 .. T - 2), all but one (clamped to [1, T - 1])."""
+
+
+def _variant_count(variant: str, T: int, gen: torch.Generator) -> int:
+    if variant == "one":
+        n = 1
+    elif variant == "few":
+        hi = max(2, T // 4)
+        n = int(round(math.exp(math.log(2) + float(torch.rand(1, generator=gen)) * (math.log(hi) - math.log(2)))))
+    elif variant == "many":
+        lo, hi = max(1, T // 4), max(1, T - 2)
+        n = int(torch.randint(min(lo, hi), hi + 1, (1,), generator=gen))
+    elif variant == "all_but_one":
+        n = T - 1
+    else:
+        raise ValueError(f"overlay padding_rows: unknown variant {variant!r}; known: {', '.join(PADDING_VARIANTS)}.")
+    return min(T - 1, max(1, n))
+
+
+def _pad(logits: torch.Tensor, valid: torch.Tensor, gen: torch.Generator, variant: str | None = None) -> None:
     """Make some rows of a step padding, in place. The count: half the steps from :func:`padding_counts`
-    (so one row, a quarter, a half and all but one come in every run), half uniform in [1, T - 1] (session
+    (so one row, a quarter, a half and all but one come in every run), half log-uniform in [1, T - 1] (session
     14's red team: a kernel wrong only between the menu's counts, 1 < n < T // 4, what most CUDA-graph
     steps have, was accepted). The layout: half the steps the tail a CUDA graph pads (valid rows first),
     half random positions (session 14: a kernel wrong only on a padded tail was accepted). The content:
@@ -65,10 +89,12 @@ def _pad(logits: torch.Tensor, valid: torch.Tensor, gen: torch.Generator) -> Non
     if T < 2:
         raise ValueError(f"inputs case 'padding_rows' needs T >= 2 (some rows valid, some padding); got T={T}.")
     counts = padding_counts(T)
-    if bool(torch.rand(1, generator=gen) < 0.5):
+    if variant is not None:  # the overlay's coverage cell decides how many
+        n = _variant_count(variant, T, gen)
+    elif bool(torch.rand(1, generator=gen) < 0.5):
         n = counts[int(torch.randint(0, len(counts), (1,), generator=gen))]
-    else:
-        n = int(torch.randint(1, T, (1,), generator=gen))
+    else:  # log-uniform in [1, T - 1]: the few padding rows most CUDA-graph steps have are as likely as many
+        n = min(T - 1, max(1, int(math.exp(float(torch.rand(1, generator=gen)) * math.log(T)))))
     if bool(torch.rand(1, generator=gen) < 0.5):
         pad = torch.arange(T - n, T)
     else:
@@ -87,7 +113,8 @@ def _padding_rows(T: int, E: int, gen: torch.Generator) -> _Draw:
     return logits, bias, valid
 
 
-def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int,
+             variant: str | None = None) -> dict[str, torch.Tensor]:
     """The ``padding_rows`` overlay (task.toml ``[domain.overlays.padding_rows]``): make some rows of any
     regime's draw CUDA-graph padding, in place: :func:`padding_counts` rows at random positions get
     ``token_valid`` False and logits of :func:`padding_garbage`; the valid rows and the bias keep the
@@ -99,14 +126,15 @@ def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int
         inputs: ``router_logits`` (T, E) float32, ``e_score_correction_bias`` (E,), ``token_valid`` (T,) bool.
         axes: the workload's axes (T >= 2).
         seed: RNG seed of the overlay.
+        variant: how many rows (:data:`PADDING_VARIANTS`); None: any count (the ``padding_rows`` case).
 
     Returns:
         ``inputs``, changed in place.
 
     Raises:
-        ValueError: T < 2 (a step needs a valid row besides its padding).
+        ValueError: T < 2 (a step needs a valid row besides its padding), or an unknown variant.
     """
-    _pad(inputs["router_logits"], inputs["token_valid"], torch.Generator().manual_seed(int(seed)))
+    _pad(inputs["router_logits"], inputs["token_valid"], torch.Generator().manual_seed(int(seed)), variant)
     return inputs
 
 

@@ -37,7 +37,7 @@ def _legal(task, axes, params, case) -> bool:
     dom = task.domain
     values = {**axes, **params}
     regime, overlays = dom.split_case(case)
-    reqs = [dom.regimes[regime].requires] + [dom.overlays[o].requires for o in overlays]
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[o.split(":")[0]].requires for o in overlays]
     return (all(dom.axes[k].contains(v) for k, v in axes.items()) and all(dom.params[k].contains(v) for k, v in params.items())
             and dom.satisfied(values) and all(not r or eval_constraint(r, values) for r in reqs))
 
@@ -48,8 +48,11 @@ def _cell_of(task, d, axes, params, case):
     if d.kind == "feature":
         return _feature_cells(task.domain, {**axes, **params})[list(task.domain.features).index(d.name)]
     regime, overlays = task.domain.split_case(case) if "+" in case else (case, ())
+    on = {o.split(":")[0]: o.partition(":")[2] for o in overlays}
     if d.kind == "overlay":
-        return _cell_index(d, d.name in overlays)
+        return _cell_index(d, d.name in on)
+    if d.kind == "variant":
+        return _cell_index(d, on[d.name]) if on.get(d.name) else None
     return _cell_index(d, regime if d.kind == "regime" else axes.get(d.name, params.get(d.name)))
 
 
@@ -96,9 +99,9 @@ def test_random_workloads_are_named_and_carry_axes_params_regime(moe):
     ws = random_workloads(moe, 3)
     assert len(ws) == moe.correctness.random_draws == 32
     for i, w in enumerate(ws):
-        assert w.name == f"random-{i}-{w.case.replace('+', '-with-').replace('_', '-')}"
+        assert w.name == f"random-{i}-{w.case.replace('+', '-with-').replace(':', '-').replace('_', '-')}"
         regime, overlays = moe.domain.split_case(w.case)
-        assert regime in moe.domain.regimes and set(overlays) <= {"padding_rows"} and set(w.axes) == set(moe.axes)
+        assert regime in moe.domain.regimes and {o.split(":")[0] for o in overlays} <= {"padding_rows"} and set(w.axes) == set(moe.axes)
         assert set(w.params) == {"renormalize", "routed_scaling_factor"}
     # drawn over every axis, not only the batch: several E, K, G and B values in one run
     for ax in ("E", "K", "G", "B"):
@@ -262,10 +265,14 @@ def test_the_padding_overlay_meets_every_regime_in_every_run(moe):
     a kernel wrong only when padding rows meet a wide or shifted bias was accepted. Padding is an overlay,
     a coverage dimension of its own: each run puts it on every regime (and leaves it off every regime)."""
     fixed = {w.case for w in moe.correctness.workloads}
+    variants = set()
     for seed in range(20):
-        cases = {w.case for w in random_workloads(moe, seed)} | fixed
+        ws = random_workloads(moe, seed)
+        cases = {w.case.split(":")[0] for w in ws} | fixed  # padding_rows:<variant> counts as padded
+        variants |= {w.case.partition(":")[2] for w in ws if ":" in w.case}
         for r in moe.domain.regimes:
             assert f"{r}+padding_rows" in cases and r in cases, (seed, r, sorted(cases))
+    assert variants == set(moe.domain.overlays["padding_rows"].variants)  # one row, a few, many, all but one
 
 
 @pytest.mark.slow
