@@ -9,9 +9,8 @@ kernel_targets.md §3.3 (fp32 logits and bias), §3.4 (edge cases).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 import math
+from collections.abc import Callable, Mapping
 
 import torch
 
