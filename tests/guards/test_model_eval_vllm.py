@@ -38,8 +38,10 @@ FIXTURES = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures"
 SETTINGS = ModelEvalSettings(batch=2, context_tokens=300, generate_tokens=96, prefill_chunk=128, page_tokens=128,
                              vllm="only")
 TRACE_LS = ("step 0: prefill q=[300, 300] moe_dispatch:standard x8; "
-            "steps 1-95: decode q=[1, 1] moe_dispatch:latency_specialized x8")
-TRACE_STD = "step 0: prefill q=[300, 300] moe_dispatch:standard x8; steps 1-95: decode q=[1, 1] moe_dispatch:standard x8"
+            "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:latency_specialized x8")
+TRACE_STD = ("step 0: prefill q=[300, 300] moe_dispatch:standard x8; "
+             "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:standard x8")
+"""K3-mini's six KDA layers call kda_decode on every decode step (standard: no KDA kernel merged)."""
 
 
 def _judge(tmp_path, fixture):
