@@ -577,23 +577,18 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     if task.domain is not None:
         dom = task.domain
         used = {n: 0 for n, inv in dom.invariances.items() if inv.checked}
-        out = []
-        for i, (axes, params, case) in enumerate(domain_draws(task, seed)):
-            fits = [n for n in used if invariance_applies(dom, n, axes, params, case)]
-            inv = min(fits, key=lambda n: used[n]) if fits else ""
-            if inv:
-                used[inv] += 1
-            out.append(WorkloadSpec(name=f"random-{i}-{case_slug(case)}", axes=axes, params=params, case=case,
-                                    phase=task.scope.phases[0], invariance=inv, note="drawn from [domain] at run time"))
         beyond = beyond_cost_draws(task, seed) if task.correctness.random_draws else []  # no draws: none of these either
-        for i, (axes, params, case) in enumerate(beyond):
+        drawn = [(f"random-{i}", d, "drawn from [domain] at run time") for i, d in enumerate(domain_draws(task, seed))]
+        drawn += [(f"random-beyond-cost-{i}", d, "drawn beyond [domain] cost_constraints, under cost_ceiling, at run time")
+                  for i, d in enumerate(beyond)]
+        out = []
+        for name, (axes, params, case), note in drawn:
             fits = [n for n in used if invariance_applies(dom, n, axes, params, case)]
             inv = min(fits, key=lambda n: used[n]) if fits else ""
             if inv:
                 used[inv] += 1
-            out.append(WorkloadSpec(name=f"random-beyond-cost-{i}-{case_slug(case)}", axes=axes, params=params,
-                                    case=case, phase=task.scope.phases[0], invariance=inv,
-                                    note="drawn beyond [domain] cost_constraints, under cost_ceiling, at run time"))
+            out.append(WorkloadSpec(name=f"{name}-{case_slug(case)}", axes=axes, params=params, case=case,
+                                    phase=task.scope.phases[0], invariance=inv, note=note))
         return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
     templates = [w for w in task.correctness.workloads if w.random_template]
