@@ -487,15 +487,61 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
     return out
 
 
+PLAIN_REGIME = "realistic"
+"""The regime of the plain draw beyond the cost cap (:func:`beyond_cost_draws`): every task declares it."""
+
+
+def _push_to_ceiling(dom: DomainSpec, values: dict[str, Any], under: Callable[[dict[str, Any]], bool],
+                     rng: random.Random, ragged: bool) -> dict[str, Any]:
+    """``values`` with each axis raised (in random order) as far as ``under`` (constraints and ceiling) allows.
+
+    Aligned: to the largest of the axis's choices, or of its max and realistic values. Ragged: every
+    integer range axis is first made odd (one below an even value, where the axis's min allows), then
+    raised to the largest *odd* value that fits (63 where 64 would, 2^k - 1 rather than 2^k), so the
+    draw at the ceiling ends in a partial tile of every power-of-two width; an axis with choices is
+    raised as when aligned. Fit is searched by bisection (the ceilings are products of axes, monotone
+    in each) and checked on each value kept.
+
+    Source: CI of session 14's stop: a kernel dropping the last partial block of 8 rows above 2^23
+    elements was accepted on a seed whose ceiling draw had B = 64 and whose other draw was too small.
+    """
+    values = dict(values)
+    if ragged:
+        for name, spec in dom.axes.items():
+            if spec.choices is None and values[name] % 2 == 0 and values[name] - 1 >= int(spec.min):
+                values[name] -= 1
+    for name in rng.sample(list(dom.axes), len(dom.axes)):
+        spec = dom.axes[name]
+        cur = values[name]
+        if spec.choices is not None or not ragged:
+            opts = sorted({c for c in spec.choices} if spec.choices is not None
+                          else {int(spec.max), *(int(v) for v in spec.realistic), cur}, reverse=True)
+            for v in opts:
+                if v > cur and under({**values, name: v}):
+                    values[name] = v
+                    break
+            continue
+        lo, hi = int(cur), int(spec.max)  # largest fitting value in [cur, max]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if under({**values, name: mid}) else (lo, mid - 1)
+        v = lo if lo % 2 else lo - 1
+        if v > cur and under({**values, name: v}):
+            values[name] = v
+    return values
+
+
 def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[tuple[dict[str, int], dict[str, Any], str]]:
     """``n`` configurations ``(axes, params, case)`` that break a cost constraint but stay under the ceiling.
 
     The cost constraints keep most draws cheap; the op's legal (and served) sizes go beyond them. So
     each run also draws here, among configurations meeting the domain's constraints and its
-    ``cost_ceiling`` and breaking at least one cost constraint: the first is pushed up to the ceiling
-    (each axis, in random order, raised to the largest of its cells' values that keeps the ceiling),
-    the others stay random; the regime and the overlays are drawn uniformly among the legal ones, the
-    params by cell. None when the task has no cost constraints, or its cost constraints admit every
+    ``cost_ceiling`` and breaking at least one cost constraint: the first two are pushed up to the
+    ceiling (:func:`_push_to_ceiling`: the first to aligned sizes, the second to odd ones), the others
+    stay random. The second is plain: regime ``realistic`` (``PLAIN_REGIME``; the first legal one
+    when a task has none), no overlay, because a fast path an agent adds for large serving shapes
+    runs on exactly those inputs and an extreme regime or overlay often sends the call elsewhere. The
+    others' regime and overlays are drawn uniformly among the legal ones; the params by cell. None when the task has no cost constraints, or its cost constraints admit every
     configuration drawn (``MAX_TRIES`` candidates). Deterministic for a seed.
 
     Args:
@@ -504,7 +550,9 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
         n: draws (default ``[domain] beyond_cost_draws``).
 
     Source: session 14's red team (``bench/results/cpu/red_team_session14.md``: a kernel wrong only on
-    inputs above 2^23 elements was accepted while ``cost_constraints`` capped every draw at 2^22).
+    inputs above 2^23 elements was accepted while ``cost_constraints`` capped every draw at 2^22); CI of
+    session 14's stop (the same kernel, whose fast path runs when every chunk is live and drops the last
+    partial block of 8 rows, accepted on a seed whose draws beyond the cap missed that conjunction).
     """
     dom = task.domain
     if dom is None or not dom.cost_constraints or not dom.cost_ceiling:
@@ -515,9 +563,11 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
     rng = random.Random(_derive_seed(seed, "beyond_cost_draws"))
     dims = _dims(dom)
 
+    def under(values: dict[str, Any]) -> bool:
+        return all(eval_constraint(c, values) for c in dom.constraints + dom.cost_ceiling)
+
     def fits(values: dict[str, Any]) -> bool:
-        return (all(eval_constraint(c, values) for c in dom.constraints + dom.cost_ceiling)
-                and not all(eval_constraint(c, values) for c in dom.cost_constraints))
+        return under(values) and not all(eval_constraint(c, values) for c in dom.cost_constraints)
 
     def one() -> dict[str, Any] | None:
         for _ in range(MAX_TRIES):
@@ -527,8 +577,10 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
                 return values
         return None
 
-    def case_for(values: dict[str, Any]) -> str:
+    def case_for(values: dict[str, Any], plain: bool) -> str:
         regimes = [r for r, spec in dom.regimes.items() if not spec.requires or eval_constraint(spec.requires, values)]
+        if plain:  # the serving distribution, where a size-specialised fast path lives
+            return PLAIN_REGIME if PLAIN_REGIME in regimes else regimes[0]
         on = [o if not spec.variants else f"{o}:{spec.variants[rng.randrange(len(spec.variants))]}"
               for o, spec in dom.overlays.items()
               if (not spec.requires or eval_constraint(spec.requires, values)) and rng.random() < 0.5]
@@ -539,16 +591,10 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
         values = one()
         if values is None:
             break
-        if i == 0:  # pushed to the ceiling: each axis raised as far as the ceiling allows
-            for name in rng.sample(list(dom.axes), len(dom.axes)):
-                spec = dom.axes[name]
-                opts = sorted({c for c in spec.choices} if spec.choices is not None
-                              else {int(spec.max), *(int(v) for v in spec.realistic), values[name]}, reverse=True)
-                for v in opts:
-                    if v > values[name] and fits({**values, name: v}):
-                        values[name] = v
-                        break
-        out.append(({k: values[k] for k in dom.axes}, {k: values[k] for k in dom.params}, case_for(values)))
+        if i < 2:  # pushed to the ceiling: the first on aligned sizes, the second on ragged ones
+            pushed = _push_to_ceiling(dom, values, under, rng, ragged=i == 1)
+            values = pushed if fits(pushed) else values
+        out.append(({k: values[k] for k in dom.axes}, {k: values[k] for k in dom.params}, case_for(values, plain=i == 1)))
     return out
 
 

@@ -344,9 +344,30 @@ def test_beyond_cost_draws_break_the_cost_cap_and_keep_the_ceiling(task_id):
             raised = {**axes, **params, name: top}
             assert axes[name] == top or not all(eval_constraint(c, raised) for c in dom.constraints + dom.cost_ceiling), \
                 (name, axes)
+        if len(draws) > 1:  # the second is pushed to odd sizes: a partial tile of every power-of-two width
+            axes, params, case = draws[1]
+            assert case == "realistic"  # plain: the serving distribution, no overlay
+            for name, spec in dom.axes.items():
+                if spec.choices is not None:
+                    continue
+                assert axes[name] % 2 == 1 or axes[name] == spec.min, (name, axes)
+                up = axes[name] + 2  # the next odd value does not fit
+                assert up > spec.max or not all(eval_constraint(c, {**axes, **params, name: up})
+                                                 for c in dom.constraints + dom.cost_ceiling), (name, axes)
     assert draws_by_seed[0] == beyond_cost_draws(task, 0)  # deterministic per seed
     names = [w.name for w in random_workloads(task, 0) if w.name.startswith("random-beyond-cost-")]
     assert len(names) == dom.beyond_cost_draws
+
+
+def test_every_seed_reaches_a_partial_row_block_above_two_to_the_23():
+    """CI of session 14's stop: ``correctness-wrong-above-the-cost-cap`` (an LSE kernel dropping the last
+    partial block of 8 rows above 2^23 elements) was accepted on a seed whose ceiling draw had B = 64 and
+    whose other draw held fewer elements (46% of seeds then), and its fast path runs only when every chunk is
+    live (regime realistic, no empty markers). The ragged ceiling draw is plain: it reaches it on every seed."""
+    task = load_task(REPO, "k3_lse_merge")
+    for seed in range(300):
+        assert any(a["N"] * a["B"] * a["H"] * a["D"] > 1 << 23 and a["B"] % 8 and case == "realistic"
+                   for a, _, case in beyond_cost_draws(task, seed)), seed
 
 
 def test_cost_constraints_without_a_ceiling_are_refused(moe):
