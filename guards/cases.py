@@ -276,7 +276,7 @@ def _legal(dom: DomainSpec, axes: dict[str, int], params: dict[str, Any], case: 
         return False
     if regime not in dom.regimes:
         return False
-    reqs = [dom.regimes[regime].requires] + [dom.overlays[o.split(":")[0]].requires for o in overlays]
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[dom.overlay_of(o)[0]].requires for o in overlays]
     return all(not r or eval_constraint(r, values) for r in reqs)
 
 
@@ -354,7 +354,7 @@ def domain_draws(task: TaskSpec, seed: int, n: int | None = None, *, regimes: tu
             w_regime, w_over = dom.split_case(w.case)
         except ValueError:
             w_regime, w_over = w.case, ()
-        on = {o.split(":")[0]: o.partition(":")[2] for o in w_over}
+        on = dict(dom.overlay_of(o) for o in w_over)
         vals = [w.axes.get(d.name) if d.kind == "axis" else w.params.get(d.name) if d.kind == "param"
                 else w_regime if d.kind == "regime" else d.name in on if d.kind == "overlay"
                 else on.get(d.name) or None for d in dims[:nd]]
@@ -602,7 +602,7 @@ def invariance_applies(dom: DomainSpec, name: str, axes: dict[str, int], params:
     """Whether the checked invariance ``name`` (a metamorphic pair) applies to a configuration: it has
     a transform, the case's regime is among its ``regimes`` (any when empty) and its ``requires`` holds."""
     inv = dom.invariances.get(name)
-    regime = case.split("+")[0]
+    regime = dom.regime_of(case)
     if inv is None or not inv.checked or (inv.regimes and regime not in inv.regimes):
         return False
     return not inv.requires or eval_constraint(inv.requires, {**axes, **params})
@@ -736,7 +736,7 @@ def shrink(task: TaskSpec, workload: WorkloadSpec, still_fails: Callable[[Worklo
     changed = True
     while changed and calls < max_calls:
         changed = False
-        regime, overlays = dom.split_case(case) if case.split("+")[0] in dom.regimes else (case, ())
+        regime, overlays = dom.split_case(case) if dom.regime_of(case) in dom.regimes else (case, ())
         for o in overlays:
             if attempt(axes, params, join_case(regime, [x for x in overlays if x != o]), f"overlay {o} dropped"):
                 changed = True
@@ -839,7 +839,7 @@ def draw_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, what: str = "make_in
             f"(case {regime!r}): {type(exc).__name__}: {exc}"
         ) from exc
     for o in overlays:
-        o, _, variant = o.partition(":")
+        o, variant = task.domain.overlay_of(o)  # type: ignore[union-attr]
         fn_name = task.domain.overlays[o].apply  # type: ignore[union-attr]
         fn = getattr(inputs_mod, fn_name, None)
         if not callable(fn):

@@ -64,7 +64,7 @@ def into_shapes(task: TaskSpec, w: WorkloadSpec, shapes: dict[str, dict[str, Any
     # Its case must be a domain regime (a generator for any legal configuration): a case written for
     # one configuration (an issue's worked example) cannot be moved
     costed = dom is not None and dom.satisfied({**axes, **dict(w.params)})
-    if dom is not None and w.case.split("+")[0] not in dom.regimes:
+    if dom is not None and dom.regime_of(w.case) not in dom.regimes:
         return None if any(a in axes and not shape_rule_admits(r, axes[a]) for a, r in shapes.items()) else w
     free = dom
     if dom is not None and not costed:  # a draw beyond the cost cap stays under the ceiling; a K3-size fixed one is free

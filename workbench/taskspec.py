@@ -688,6 +688,18 @@ class DomainSpec(_Frozen):
                 raise ValueError(f"axes.{name}: axis values must be >= 1; the domain allows {lo}")
         return self
 
+    @staticmethod
+    def regime_of(case: str) -> str:
+        """The regime part of a case string: ``"wide_bias+padding_rows:few"`` -> ``"wide_bias"``."""
+        return case.split("+")[0]
+
+    @staticmethod
+    def overlay_of(part: str) -> tuple[str, str]:
+        """An overlay part of a case string as ``(overlay, variant)``: ``"padding_rows:few"`` ->
+        ``("padding_rows", "few")``; ``""`` for the variant when the part names none."""
+        name, _, variant = part.partition(":")
+        return name, variant
+
     def split_case(self, case: str) -> tuple[str, tuple[str, ...]]:
         """A workload's ``case`` as its regime and its overlays: ``"wide_bias+padding_rows"`` ->
         ``("wide_bias", ("padding_rows",))``; a plain case has no overlays.
@@ -696,12 +708,12 @@ class DomainSpec(_Frozen):
             ValueError: a ``+`` part is not in ``[domain.overlays]``, or is named twice.
         """
         regime, *overlays = case.split("+")
-        names = [o.split(":")[0] for o in overlays]
+        names = [self.overlay_of(o)[0] for o in overlays]
         for o, name in zip(overlays, names):
             if name not in self.overlays:
                 raise ValueError(f"case {case!r} names overlay {name!r}, which is not in [domain.overlays] "
                                  f"(known: {', '.join(sorted(self.overlays)) or 'none'}); write '<regime>+<overlay>'")
-            variant = o.partition(":")[2]
+            variant = self.overlay_of(o)[1]
             if ":" in o and variant not in self.overlays[name].variants:
                 raise ValueError(f"case {case!r} names variant {variant!r} of overlay {name!r}; its variants: "
                                  f"{', '.join(self.overlays[name].variants) or 'none'}")
@@ -1006,7 +1018,7 @@ class TaskSpec(_Frozen):
             except ValueError as exc:
                 raise ValueError(f"correctness workload {w.name!r}: {exc}") from exc
             for o in overlays:
-                req = dom.overlays[o.split(":")[0]].requires
+                req = dom.overlays[dom.overlay_of(o)[0]].requires
                 if req and not eval_constraint(req, values):
                     raise ValueError(f"correctness workload {w.name!r}: overlay {o!r} requires {req!r}, which the "
                                      "workload does not meet")
