@@ -541,8 +541,9 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
     stay random. The second is plain: regime ``realistic`` (``PLAIN_REGIME``; the first legal one
     when a task has none), no overlay, because a fast path an agent adds for large serving shapes
     runs on exactly those inputs and an extreme regime or overlay often sends the call elsewhere. The
-    others' regime and overlays are drawn uniformly among the legal ones; the params by cell. None when the task has no cost constraints, or its cost constraints admit every
-    configuration drawn (``MAX_TRIES`` candidates). Deterministic for a seed.
+    others' regime and overlays are drawn uniformly among the legal ones; the params by cell. None
+    when the task has no cost constraints, or its cost constraints admit every configuration drawn
+    (``MAX_TRIES`` candidates). Deterministic for a seed.
 
     Args:
         task: a task with a ``[domain]``.
