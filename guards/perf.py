@@ -328,14 +328,14 @@ class PerfGuard:
                 servers = {"baseline": base, "candidate": cand}
                 for idx, c in enumerate(timed):
                     gain = claimed_flags[c.name] and not c.name.startswith("random-perf-")
-                    warm, reps = call_counts(task, c.name)
+                    reps = task.perf.repetitions
                     first = reps if gain else screening_repetitions(reps)  # regression-only: screened first
                     progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads), calls a side",
-                                   done=0, total=warm + first)
+                                   done=0, total=task.perf.warmup + first)
                     t0 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
                     make = _input_maker(task, c, ctx.seed)
                     rec = time_workload(servers, idx, specs[idx], make, device=ctx.device,
-                                        warmup=warm, repetitions=first)
+                                        warmup=task.perf.warmup, repetitions=first)
                     screened = first < reps and _ok(rec) and _cleared_early(task, ctx.device, rec, idx)
                     if first < reps and _ok(rec) and not screened:  # the rest of the first round
                         progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): not cleared after "
@@ -353,9 +353,9 @@ class PerfGuard:
                             break
                         progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): {why}, "
                                        f"re-measuring (extension round {rounds}/{max_rounds})",
-                                       done=0, total=reps)
+                                       done=0, total=task.perf.repetitions)
                         more = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
-                                             repetitions=reps,
+                                             repetitions=task.perf.repetitions,
                                              first_call=len(rec["candidate"].outputs))
                         for side in rec:
                             rec[side].extend(more[side])
@@ -368,9 +368,9 @@ class PerfGuard:
                                for k, s in servers.items()}
                     wrong = ("" if not _ok(rec)
                              else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
-                                                      ctx.seed, calls=warm + (first if screened else reps * rounds),
-                                                      warmup=warm))
-                    compiled = timed_compile_problem(rec["candidate"].compiles, warm)
+                                                      ctx.seed, calls=task.perf.warmup + (
+                                                          first if screened else reps * rounds)))
+                    compiled = timed_compile_problem(rec["candidate"].compiles, task.perf.warmup)
                     records[c.name] = (rec, outside, wrong, compiled)
                     if not _ok(rec) or wrong or compiled:
                         break
@@ -444,7 +444,7 @@ class PerfGuard:
                     stats["verdict"] = PerfStatus.WAITS
             else:
                 ev = [float(x) for x in (out["candidate"].get("event_us") or {}).get(c.name, [])]
-                timed_ev = ev[call_counts(task, c.name)[0]:]
+                timed_ev = ev[task.perf.warmup:]
                 stats["event_median_us"] = median(timed_ev) if timed_ev else None
                 if limits:
                     from kernels.timing import below_floor, floor_us
@@ -488,7 +488,7 @@ class PerfGuard:
         rng = random.SystemRandom()
         names = list(records)
         claimed = [n for n in names if not n.startswith("random-perf-")]
-        drawn = [n for n in names if n.startswith("random-perf-") and not n.startswith(BEYOND_COST_PREFIX)]
+        drawn = [n for n in names if n.startswith("random-perf-")]
         picks = [rng.choice(g) for g in (claimed, drawn) if g][:LATE_RECHECKS]
         out: dict = {}
         index = {c.name: i for i, c in enumerate(timed)}
@@ -833,25 +833,6 @@ def timed_overlays(task) -> tuple[str, ...]:
     return tuple(o for o, spec in dom.overlays.items() if spec.timed) if dom is not None else ()
 
 
-BEYOND_COST_PREFIX = "random-perf-beyond-cost-"
-"""Name prefix of the perf workload beyond the cost cap (:func:`perf_workloads`)."""
-BEYOND_COST_WARMUP = 2
-BEYOND_COST_REPETITIONS = 12
-"""Warm-up calls and repetitions (counts, a side) of the workload beyond the cost cap, at most: its calls
-are the task's largest (an LSE merge at 2^25 elements: ~1 s a call on the 2-core CI machine, where the
-task's 20 + 100 calls, screening and two extension rounds took 1,057 s). Screened and re-measured as
-any regression-only draw, on these counts; the gross slowdowns it exists for (a5: 0.53x measured) show
-in a few long calls, whose relative timer noise is small."""
-
-
-def call_counts(task, name: str) -> tuple[int, int]:
-    """``(warmup, repetitions)`` a side for the perf workload ``name``: the task's, or at most
-    :data:`BEYOND_COST_WARMUP` and :data:`BEYOND_COST_REPETITIONS` for the workload beyond the cost cap."""
-    if name.startswith(BEYOND_COST_PREFIX):
-        return min(task.perf.warmup, BEYOND_COST_WARMUP), min(task.perf.repetitions, BEYOND_COST_REPETITIONS)
-    return task.perf.warmup, task.perf.repetitions
-
-
 def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n: int | None = None) -> list:
     """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
 
@@ -862,14 +843,10 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     :data:`PERF_DOMAIN_DRAWS`; only for a task with a ``[domain]``) is a configuration of every axis,
     param, :func:`timed_regimes` regime and :func:`timed_overlays` overlay
     (:func:`guards.cases.domain_draws`, the listed perf workloads counted as covered, so shapes and
-    regimes they do not time come first); names are ``random-perf-domain-<i>-<case>``. With domain draws
-    on, the plain draw beyond the cost cap (:func:`guards.cases.beyond_cost_draws`' second: pushed to
-    ``cost_ceiling`` on odd sizes, regime realistic) is timed too, as ``random-perf-beyond-cost-<case>``:
-    the largest in-scope shapes, which the cost cap keeps out of the other draws (session 14's red team,
-    a5: a kernel 0.74x the standard path only above 2^23 elements was accepted), with fewer calls
-    (:func:`call_counts`) and no late recheck. Distributed tasks time their listed workloads only.
+    regimes they do not time come first); names are ``random-perf-domain-<i>-<case>``. Distributed
+    tasks time their listed workloads only.
     """
-    from guards.cases import _derive_seed, beyond_cost_draws, case_slug, domain_draws
+    from guards.cases import _derive_seed, case_slug, domain_draws
 
     listed = [task.workload(n) for n in task.perf.workloads]
     if task.distributed is not None or not listed:
@@ -892,10 +869,6 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
             out.append(tmpl.model_copy(update={"name": f"random-perf-domain-{i}-{case_slug(case)}",
                                                "axes": axes, "params": params, "case": case,
                                                "note": "drawn from [domain] at run time (perf)"}))
-        for axes, params, case in beyond_cost_draws(task, seed)[1:2]:  # the plain one, pushed to the ceiling
-            out.append(tmpl.model_copy(update={"name": f"{BEYOND_COST_PREFIX}{case_slug(case)}",
-                                               "axes": axes, "params": params, "case": case,
-                                               "note": "beyond [domain] cost_constraints, at cost_ceiling, at run time (perf)"}))
     return out
 
 
@@ -976,7 +949,7 @@ def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
 
 
 def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int,
-                        calls: int | None = None, warmup: int | None = None) -> str | None:
+                        calls: int | None = None) -> str | None:
     """Check the candidate's outputs of every call (warm-up and timed) against the reference.
 
     A kernel that counts calls and changes behaviour once timed (skips work, replays a cache, defers
@@ -989,15 +962,13 @@ def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[
         calls: calls made per side, warm-up included (count); ``None``: the task's warm-up and
             repetitions (one round, not screened). Extension rounds add the task's repetitions each; a
             workload cleared by its screening (:func:`screening_repetitions`) made fewer.
-        warmup: warm-up calls among them (count; ``None``: the task's), for naming a wrong call.
 
     Returns:
         One sentence naming the first wrong call, or ``None``.
     """
     from guards.correctness import generic_check
 
-    warmup = task.perf.warmup if warmup is None else warmup
-    n = warmup + task.perf.repetitions if calls is None else calls
+    n = task.perf.warmup + task.perf.repetitions if calls is None else calls
     if len(outputs) != n or len(baseline_outputs) != n:
         return (f"the judge read {len(outputs)} candidate and {len(baseline_outputs)} baseline output sets "
                 f"for {n} calls")
@@ -1015,7 +986,7 @@ def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[
         else:
             lines = generic_check(task, got, want)
         if lines:
-            which = f"warm-up call {j}" if j < warmup else f"timed call {j - warmup}"
+            which = f"warm-up call {j}" if j < task.perf.warmup else f"timed call {j - task.perf.warmup}"
             return f"outputs of {which} differ from the reference: {lines[0][:160]}"
     return None
 
