@@ -565,10 +565,10 @@ def beyond_cost_draws(task: TaskSpec, seed: int, n: int | None = None) -> list[t
     dims = _dims(dom)
 
     def under(values: dict[str, Any]) -> bool:
-        return all(eval_constraint(c, values) for c in dom.constraints + dom.cost_ceiling)
+        return dom.satisfied(values, cost=False) and all(eval_constraint(c, values) for c in dom.cost_ceiling)
 
     def fits(values: dict[str, Any]) -> bool:
-        return under(values) and not all(eval_constraint(c, values) for c in dom.cost_constraints)
+        return under(values) and not dom.satisfied(values)
 
     def one() -> dict[str, Any] | None:
         for _ in range(MAX_TRIES):

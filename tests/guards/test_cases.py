@@ -37,7 +37,7 @@ def _legal(task, axes, params, case) -> bool:
     dom = task.domain
     values = {**axes, **params}
     regime, overlays = dom.split_case(case)
-    reqs = [dom.regimes[regime].requires] + [dom.overlays[o.split(":")[0]].requires for o in overlays]
+    reqs = [dom.regimes[regime].requires] + [dom.overlays[dom.overlay_of(o)[0]].requires for o in overlays]
     return (all(dom.axes[k].contains(v) for k, v in axes.items()) and all(dom.params[k].contains(v) for k, v in params.items())
             and dom.satisfied(values) and all(not r or eval_constraint(r, values) for r in reqs))
 
