@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from k3_model.ops.kda_decode import kda_decode, kda_gate, l2_normalize
 from k3_model.ops.lse_merge import lse_merge
 from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch, selection_scores
+from k3_model.ops.small_m_gemm import small_m_gemm
 
 MOE_ALIGN_BLOCK = 16
 """Block size the model asks ``moe_route_dispatch`` to align to (rows of a Triton expert tile)."""
@@ -40,6 +41,31 @@ Source: issue 14 item 2 (split-KV MLA decode once the context passes a threshold
 
 # ---------------------------------------------------------------------------------------------
 # norms and activations
+
+
+def in_proj(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An attention input projection ``F.linear(x, w)``; a decode step (T == 1) runs the dispatched
+    ``small_m_gemm`` op over its B rows (the standard path is bit for bit ``F.linear``), a prefill chunk
+    ``F.linear`` itself.
+
+    Args:
+        x: (B, T, H) the attention input (or a projection of it), unit inner stride.
+        w: (N, H) contiguous, x's dtype (nn.Linear layout).
+
+    Returns:
+        (B, T, N) in ``x``'s dtype.
+
+    Source: kernel_targets.md §6.1 (vLLM's K3 routes these projections to its low-latency GEMMs at decode).
+    """
+    B, T, H = x.shape
+    if T != 1:
+        return F.linear(x, w)
+    rows = x[:, 0]
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(B, w.shape[0], dtype=x.dtype, device=x.device)
+    small_m_gemm(rows, w, out=out)
+    return out.view(B, 1, w.shape[0])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -297,13 +323,13 @@ def kda_forward(w: KDAWeights, x: torch.Tensor, state: KDAState, *, heads: int, 
             f"kda_forward: state recurrent {tuple(state.recurrent.shape)} / conv {tuple(state.conv.shape)} does not "
             f"match batch {B}, {heads} heads x {head_dim}; allocate it with KDAState.zeros(B, nh, d, C)."
         )
-    q, cq = _causal_conv_silu(F.linear(x, w.q_proj), w.q_conv1d, state.conv[:, 0])
-    k, ck = _causal_conv_silu(F.linear(x, w.k_proj), w.k_conv1d, state.conv[:, 1])
-    v, cv = _causal_conv_silu(F.linear(x, w.v_proj), w.v_conv1d, state.conv[:, 2])
+    q, cq = _causal_conv_silu(in_proj(x, w.q_proj), w.q_conv1d, state.conv[:, 0])
+    k, ck = _causal_conv_silu(in_proj(x, w.k_proj), w.k_conv1d, state.conv[:, 1])
+    v, cv = _causal_conv_silu(in_proj(x, w.v_proj), w.v_conv1d, state.conv[:, 2])
     state.conv.copy_(torch.stack([cq, ck, cv], dim=1))
     q, k, v = (t.view(B, T, heads, head_dim) for t in (q, k, v))
-    raw_g = F.linear(F.linear(x, w.f_a_proj), w.f_b_proj).view(B, T, heads, head_dim)
-    raw_beta = F.linear(x, w.b_proj).float()  # (B, T, nh)
+    raw_g = F.linear(in_proj(x, w.f_a_proj), w.f_b_proj).view(B, T, heads, head_dim)
+    raw_beta = in_proj(x, w.b_proj).float()  # (B, T, nh)
     if T == 1:  # a decode step: the dispatched kda_decode op (L2 norms, gate, beta and the step)
         pool, copied = state.decode_pool()
         o = torch.empty(B, heads, head_dim, dtype=torch.float32, device=x.device)
@@ -539,9 +565,9 @@ def mla_forward(w: MLAWeights, x: torch.Tensor, cache: MLACache | StaticMLACache
     Source: k3_architecture.md §4.3 (and §8.1: eps 1e-5 as vLLM).
     """
     B, T, _ = x.shape
-    q = F.linear(rms_norm(F.linear(x, w.q_a_proj), w.q_a_layernorm, eps), w.q_b_proj).view(B, T, heads, nope + rope)
+    q = in_proj(rms_norm(in_proj(x, w.q_a_proj), w.q_a_layernorm, eps), w.q_b_proj).view(B, T, heads, nope + rope)
     q_nope, q_pe = q[..., :nope], q[..., nope:]
-    kv = F.linear(x, w.kv_a_proj_with_mqa)
+    kv = in_proj(x, w.kv_a_proj_with_mqa)
     cache.append(rms_norm(kv[..., :kv_lora_rank], w.kv_a_layernorm, eps), kv[..., kv_lora_rank:])
     c, k_pe = cache.view()  # (B, S, L), (B, S, r)
     wkv = w.kv_b_proj.view(heads, nope + v_dim, kv_lora_rank)
@@ -877,6 +903,6 @@ def check_finite(name: str, t: torch.Tensor) -> None:
 __all__ = [
     "KDAState", "KDAWeights", "LatentMoEWeights", "MLACache", "MLAWeights", "MLPWeights", "RoutingRecord",
     "RoutingSettings",
-    "StaticMLACache", "attn_res_mix", "check_finite", "dispatch_rows", "dispatch_slots", "kda_forward", "kda_gate",
-    "kda_recurrence", "latent_moe", "mla_forward", "record_routing", "rms_norm", "route", "situ_glu", "situ_mlp",
+    "StaticMLACache", "attn_res_mix", "check_finite", "dispatch_rows", "dispatch_slots", "in_proj", "kda_forward",
+    "kda_gate", "kda_recurrence", "latent_moe", "mla_forward", "record_routing", "rms_norm", "route", "situ_glu", "situ_mlp",
 ]

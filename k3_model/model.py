@@ -42,11 +42,13 @@ from k3_model.layers import (
     situ_mlp,
 )
 
-DISPATCHED_OPS = ("moe_dispatch", "lse_merge", "kda_decode")
+DISPATCHED_OPS = ("moe_dispatch", "lse_merge", "kda_decode", "small_m_gemm")
 """Dispatcher ops the model calls (``k3_model.dispatch.select``): the MoE routing of every LatentMoE
 layer, the split-KV LSE merge of every MLA decode step once the latent cache holds
 ``layers.SPLIT_KV_MIN_PAGES`` pages (the model eval's contexts always do), and the KDA step of every KDA
-layer's decode step (one token per sequence; prefill chunks keep the token loop). Other tasks' ops (e.g.
+layer's decode step (one token per sequence; prefill chunks keep the token loop), and the attention input
+projections of every decode step (``small_m_gemm``: KDA q/k/v/f_a/b, MLA q_a/kv_a/q_b; prefill keeps
+``F.linear``). Other tasks' ops (e.g.
 ``dspark_verify``: speculative verification, which the standalone loop does not do) are not called;
 the model-eval guard skips those tasks, and checks this list against the trace of every run."""
 

@@ -52,8 +52,11 @@ def test_generate_greedy_trace_and_teacher_forcing(model):
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tokens, a.argmax)
     assert [s["phase"] for s in a.steps] == ["prefill"] * 3 + ["decode"] * 5
     assert a.implementation_counts("prefill") == {"moe_dispatch:standard": 24}  # 8 MoE layers x 3 chunks
-    # 8 MoE layers and 6 KDA layers (their kda_decode step) x 5 decode steps; prefill keeps KDA's token loop
-    assert a.implementation_counts("decode") == {"moe_dispatch:standard": 40, "kda_decode:standard": 30}
+    # 8 MoE layers and 6 KDA layers (their kda_decode step) x 5 decode steps; prefill keeps KDA's token loop;
+    # the attention input projections (6 KDA layers x q/k/v/f_a/b + 3 MLA layers x q_a/q_b/kv_a = 39 a step)
+    # call small_m_gemm at decode only
+    assert a.implementation_counts("decode") == {"moe_dispatch:standard": 40, "kda_decode:standard": 30,
+                                                 "small_m_gemm:standard": 39 * 5}
     lp = torch.log_softmax(model.forward(p, model.new_cache(2))[:, -1], -1)
     torch.testing.assert_close(a.logprobs[:, 0], lp.gather(1, a.tokens[:, :1]).squeeze(1), rtol=1e-4, atol=1e-4)
     forced = torch.full((2, 6), 7)
@@ -68,11 +71,13 @@ def test_decode_backend_reaches_the_dispatcher_per_step(model):
     with dispatch.record_trace() as tr:
         generate(model, _prompts(1, 3), 2, decode_backend="latency_specialized")
     # main has the CPU moe_dispatch kernel merged (review #1): decode steps take it, prefill falls back;
-    # KDA decode steps call kda_decode, for which no kernel is merged
+    # KDA decode steps call kda_decode and every decode step's input projections small_m_gemm, for which no
+    # kernel is merged
     by_phase = {(d.phase, d.implementation, d.reason.split(" (")[0]) for d in tr.decisions}
     assert by_phase == {("prefill", "standard", "out of declared scope: phase 'prefill' not in ['decode']"),
                         ("decode", "latency_specialized", "in scope"),
-                        ("decode", "standard", "no latency-specialized kernel merged for kda_decode")}, by_phase
+                        ("decode", "standard", "no latency-specialized kernel merged for kda_decode"),
+                        ("decode", "standard", "no latency-specialized kernel merged for small_m_gemm")}, by_phase
 
 
 def test_temperature_sampling_is_seeded(model):

@@ -66,7 +66,8 @@ def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subc
 
 @pytest.mark.parametrize("args, message", [
     (["run", "no_such_task", "--candidate", GOOD],
-     "known tasks: k3_allreduce_rmsnorm, k3_dspark_verify, k3_kda_decode, k3_lse_merge, k3_moe_dispatch"),
+     "known tasks: k3_allreduce_rmsnorm, k3_dspark_verify, k3_kda_decode, k3_lse_merge, k3_moe_dispatch, "
+     "k3_small_m_gemm"),
     (["run", "k3_moe_dispatch", "--candidate", "missing.patch"], "not a patch file, not a folder"),
     (["run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "tpu"], "--device 'tpu': expected cpu, cuda or auto"),
     (["report", "nope.json"], "does not exist"),
