@@ -78,7 +78,7 @@ def _padding_rows(M: int, N: int, K: int, gen: torch.Generator) -> _Draw:
 def _outlier_channels(M: int, N: int, K: int, gen: torch.Generator) -> _Draw:
     """A realistic draw whose x has 1-4 channels 50-500x the others (massive activations)."""
     d = _realistic(M, N, K, gen)
-    n = int(torch.randint(1, 5, (1,), generator=gen))
+    n = min(int(torch.randint(1, 5, (1,), generator=gen)), K)
     ch = torch.randperm(K, generator=gen)[:n]
     d["x"][:, ch] *= _u(gen, (1, n), 50.0, 500.0)
     return d

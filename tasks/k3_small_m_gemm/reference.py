@@ -10,6 +10,7 @@ rounding; split-K with fp32 partials), §6.4 (edge cases), §6.5 (tolerance).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,11 +37,13 @@ def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> 
 
 
 def abs_scale(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``sum_k |x[m, k]| |W[n, k]|`` (M, N) float64: the magnitude an fp32 dot product rounds at in any
-    summation order (0 exactly on a zero row of x)."""
+    """``sqrt(K) sum_k |x[m, k]| |W[n, k]|`` (M, N) float64: the accumulation slack of an fp32 dot product
+    in any summation order, split-K included (the partial sums it rounds at are bounded by the sum of
+    |products|; rounding errors of K additions grow like sqrt(K): kernel_targets.md §6.5's sqrt(K) scale);
+    0 exactly on a zero row of x."""
     x = inputs["x"].detach().cpu().double().abs()
     w = inputs["weight"].detach().cpu().double().abs()
-    return x @ w.t()
+    return (x @ w.t()) * math.sqrt(x.shape[1])
 
 
 def _first(mask: torch.Tensor) -> tuple[int, ...]:
@@ -52,7 +55,7 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
     """Compare a candidate's output with :func:`reference`'s.
 
     ``out``: never NaN or inf (finite inputs); ``|got - want| <= rtol * |want| + atol * S`` per element,
-    where ``S = sum_k |x[m, k] W[n, k]|`` (:func:`abs_scale`): a zero row of x must give exactly 0.
+    where ``S = sqrt(K) sum_k |x[m, k] W[n, k]|`` (:func:`abs_scale`): a zero row of x must give exactly 0.
 
     Args:
         inputs, params: as for :func:`reference`.
@@ -84,7 +87,7 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
         i = _first(bad)
         zero_rows = int((scale[:, 0] == 0).sum()) if scale.shape[1] else 0
         msgs.append(f"out: {int(bad.sum())} element(s) beyond rtol {tol.rtol:g} x |expected| + atol {tol.atol:g} x "
-                    f"sum_k |x w|; first at (m, n) = {i}: expected {float(w_out[i]):.9g}, got {float(g_out[i]):.9g} "
+                    f"sqrt(K) sum_k |x w|; first at (m, n) = {i}: expected {float(w_out[i]):.9g}, got {float(g_out[i]):.9g} "
                     f"(allowed {float(bound[i]):.3g}; {zero_rows} zero row(s) of x must give exactly 0)")
     return msgs[:MAX_MESSAGES]
 
