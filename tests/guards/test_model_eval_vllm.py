@@ -38,10 +38,12 @@ FIXTURES = REPO_ROOT / "tasks/k3_moe_dispatch/fixtures"
 SETTINGS = ModelEvalSettings(batch=2, context_tokens=300, generate_tokens=96, prefill_chunk=128, page_tokens=128,
                              vllm="only")
 TRACE_LS = ("step 0: prefill q=[300, 300] moe_dispatch:standard x8; "
-            "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:latency_specialized x8")
+            "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:latency_specialized x8 "
+            "small_m_gemm:standard x30")
 TRACE_STD = ("step 0: prefill q=[300, 300] moe_dispatch:standard x8; "
-             "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:standard x8")
-"""K3-mini's six KDA layers call kda_decode on every decode step (standard: no KDA kernel merged)."""
+             "steps 1-95: decode q=[1, 1] kda_decode:standard x6 moe_dispatch:standard x8 small_m_gemm:standard x30")
+"""K3-mini's six KDA layers call kda_decode on every decode step (standard: no KDA kernel merged), and their
+five input projections (q/k/v/f_a/b) small_m_gemm (the vLLM leg's MLA projections stay F.linear)."""
 
 
 def _judge(tmp_path, fixture):
