@@ -49,7 +49,9 @@ def in_proj(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     ``F.linear`` itself.
 
     Args:
-        x: (B, T, H) the attention input (or a projection of it), unit inner stride.
+        x: (B, T, H) the attention input (or a projection of it); contiguous in the model (RMSNorm outputs),
+            where the decode step's result is ``F.linear``'s bits (F.linear over a strided (B, 1, H) view takes
+            torch's batched-GEMV path instead, whose last bits differ).
         w: (N, H) contiguous, x's dtype (nn.Linear layout).
 
     Returns:
@@ -60,9 +62,7 @@ def in_proj(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     B, T, H = x.shape
     if T != 1:
         return F.linear(x, w)
-    rows = x[:, 0]
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = x.reshape(B, H)  # a view of the model's contiguous inputs; a copy of a strided one
     out = torch.empty(B, w.shape[0], dtype=x.dtype, device=x.device)
     small_m_gemm(rows, w, out=out)
     return out.view(B, 1, w.shape[0])
