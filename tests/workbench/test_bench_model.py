@@ -286,7 +286,8 @@ def test_static_step_computes_the_ordinary_decode(mini):
         tok = ref.argmax(-1).view(-1, 1)
         torch.testing.assert_close(step.logits, ref, rtol=1e-5, atol=2e-5)
         assert torch.equal(step.next_tokens, tok.view(-1))
-        assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8}  # 6 KDA, 8 MoE layers
+        # 6 KDA, 8 MoE layers; 39 attention input projections (6 KDA x 5, 3 MLA x 3)
+        assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8, "small_m_gemm:standard": 39}
     assert step.positions() == [18, 18, 18] and torch.equal(step.tokens, tok)
     snap = step.snapshot()
     step()
@@ -315,7 +316,8 @@ def test_static_step_has_no_host_sync_while_the_ordinary_forward_has(mini):
     step.logits = torch.zeros(3, cfg.text_config.vocab_size, device="meta")
     step.next_tokens = torch.zeros(3, dtype=torch.int64, device="meta")
     step()
-    assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8} and step.logits.device.type == "meta"
+    assert step.last_trace == {"kda_decode:standard": 6, "moe_dispatch:standard": 8, "small_m_gemm:standard": 39}
+    assert step.logits.device.type == "meta"
     with pytest.raises((RuntimeError, NotImplementedError)), forward_context(decode_backend="standard", phase="decode"):
         meta.forward(torch.zeros(3, 1, dtype=torch.int64, device="meta"), meta.new_cache(3))
 
@@ -341,7 +343,7 @@ def test_forward_groups_is_one_batch_of_separate_sequences(mini):
     for g, ref in zip(got, refs):
         torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-4)
     # the MoE op sees all 7 tokens at once; the KDA decode op the decoding group's 2 sequences
-    assert {(d.op, d.batch_size) for d in trace.decisions} == {("moe_dispatch", 7), ("kda_decode", 2)}
+    assert {(d.op, d.batch_size) for d in trace.decisions} == {("moe_dispatch", 7), ("kda_decode", 2), ("small_m_gemm", 2)}
     assert {d.phase for d in trace.decisions} == {"mixed"}
 
 
