@@ -91,26 +91,33 @@ def test_traces_say_where_the_kernel_ran(cpu_run):
         assert row.decode.phase == "decode"
         assert row.mixed.phase == ("prefill" if row.batch == 1 else "mixed")
         no_kda = "kda_decode -> standard: no latency-specialized kernel merged for kda_decode"
+        no_gemm = "small_m_gemm -> standard: no latency-specialized kernel merged for small_m_gemm"
         for kind in (row.decode, row.mixed):
             # a step with decoding sequences runs the kda_decode op in each of K3-mini's 6 KDA layers (no
-            # kernel merged for it here); a prefill-only step (mixed at batch 1) keeps KDA's token loop
+            # kernel merged for it here) and the small_m_gemm op for the 39 attention input projections (6 KDA x
+            # 5, 3 MLA x 3); a prefill-only step (mixed at batch 1) keeps KDA's token loop and F.linear
             kda = kind is row.decode or row.batch > 1
             std = kind.sides["standard"].trace
             assert std.kernel_steps == 0 and std.kernel_steps_fraction == 0.0 and std.kernel_calls_fraction == 0.0
             assert std.reasons == ["kda_decode -> standard: decode_backend is standard"] * kda + \
-                ["moe_dispatch -> standard: decode_backend is standard"]
+                ["moe_dispatch -> standard: decode_backend is standard"] + \
+                ["small_m_gemm -> standard: decode_backend is standard"] * kda
             assert std.implementations == {"moe_dispatch:standard": 8 * std.steps,  # 8 MoE layers in K3-mini
-                                           **({"kda_decode:standard": 6 * std.steps} if kda else {})}
+                                           **({"kda_decode:standard": 6 * std.steps,
+                                               "small_m_gemm:standard": 39 * std.steps} if kda else {})}
         dec = row.decode.sides["latency_specialized"].trace
-        assert (dec.steps, dec.kernel_steps, dec.kernel_steps_fraction, dec.kernel_calls_fraction) == (3, 3, 1.0, 24 / 42)
+        assert (dec.steps, dec.kernel_steps, dec.kernel_steps_fraction, dec.kernel_calls_fraction) == \
+            (3, 3, 1.0, 24 / (24 + 18 + 117))
         assert dec.source == "per_call" and dec.implementations == {"moe_dispatch:latency_specialized": 24,
-                                                                    "kda_decode:standard": 18}
+                                                                    "kda_decode:standard": 18,
+                                                                    "small_m_gemm:standard": 117}
         assert dec.reasons == [no_kda, f"moe_dispatch -> latency_specialized: in scope (phase decode, batch {row.batch}, "
-                                       "cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)"]
+                                       "cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)", no_gemm]
         mix = row.mixed.sides["latency_specialized"].trace
         assert (mix.kernel_steps, mix.kernel_steps_fraction) == (0, 0.0)
         assert mix.reasons == [no_kda] * (row.batch > 1) + [
-            f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode']"]
+            f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode']"] + \
+            [no_gemm] * (row.batch > 1)
 
 
 def test_profile_breakdown_names_the_ops_that_hold_the_time(cpu_run):
