@@ -133,6 +133,23 @@ def test_package_imports_without_triton_and_declares_cuda_only(monkeypatch):
     assert (pkg.SCOPE.batch_min, pkg.SCOPE.batch_max, pkg.SCOPE.tp_sizes, pkg.SCOPE.shapes) == (1, 64, (1,), {})
 
 
+def test_fixture_is_listed_cuda_only_and_clean_to_the_audit():
+    """requires.toml makes it a CUDA-only good fixture (skipped by CPU runs, tests/workbench/
+    test_fixtures_e2e.py); the static audit finds nothing in its sources (the runtime guards judge it)."""
+    from guards.audit import audit_file
+    from workbench.fixtures import list_fixtures
+    from workbench.taskspec import load_task
+
+    task = load_task(REPO_ROOT, "k3_kda_decode")
+    fx = {f.name: f for f in list_fixtures(task)}["triton-cuda"]
+    assert fx.good and fx.devices == ("cuda",) and not fx.runs_on("cpu") and fx.runs_on("cuda")
+    root = PKG.parents[2]
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(root))
+        assert audit_file(rel, path.read_bytes(), tensor_names=set(task.inputs) | set(task.outputs),
+                          target=task.target) == [], rel
+
+
 # ------------------------------------------------------------------ CUDA
 
 
