@@ -30,13 +30,15 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 NO_TRITON = "triton not installed (pip install 'triton==3.6.*'); the kernel is judged on CUDA"
 
 # (case, B, H, K, V, S, pad): tiny sizes (the interpreter runs one program at a time). Every input case
-# of inputs.py; odd K and V (masked tails of both tile axes); K = V = 1; a batch whose only row is
-# padding; the padding overlay on regimes other than realistic; pad=True applies inputs.pad_rows.
+# of inputs.py; odd K and V (masked tails of both tile axes); K = V = 1; K = 200 (BK = 256: two value
+# tiles of 16 at V = 20, the widest key tile); a batch whose only row is padding; the padding overlay on
+# regimes other than realistic (pad=True applies inputs.pad_rows).
 CASES = [
     ("realistic", 3, 2, 16, 8, 5, False),
     ("realistic", 3, 3, 33, 17, 6, False),
     ("realistic", 2, 1, 1, 1, 3, False),
     ("realistic", 2, 4, 64, 64, 3, False),
+    ("realistic", 2, 1, 200, 20, 3, False),
     ("padding_rows", 5, 2, 8, 8, 7, False),
     ("padding_rows", 1, 3, 16, 16, 2, False),
     ("tiny_norms", 4, 2, 16, 16, 5, True),
