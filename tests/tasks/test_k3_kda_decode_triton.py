@@ -12,6 +12,7 @@ Source: tasks/k3_kda_decode/fixtures/good/triton-cuda (the kernel); tasks/k3_kda
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -155,12 +156,21 @@ def test_fixture_is_listed_cuda_only_and_clean_to_the_audit():
 # ------------------------------------------------------------------ CUDA
 
 
+@functools.cache
 def _gpu_modules():
-    from guards.cases import correctness_cases, load_task_module
+    from guards.cases import load_task_module
     from workbench.taskspec import load_task
 
     task = load_task(REPO_ROOT, "k3_kda_decode")
-    return task, correctness_cases, load_task_module(task, "reference"), _load("_kda_triton_kernel", KERNEL)
+    return task, load_task_module(task, "reference"), _load("_kda_triton_kernel", KERNEL)
+
+
+@functools.cache
+def _cases(seed):
+    """The correctness guard's cases for ``seed`` (every workload plus the random draws), built once."""
+    from guards.cases import correctness_cases
+
+    return correctness_cases(_gpu_modules()[0], seed)
 
 
 def _run_and_check(kern, ref, tol, inputs, kwargs):
@@ -185,9 +195,9 @@ def _run_and_check(kern, ref, tol, inputs, kwargs):
 @pytest.mark.parametrize("seed", [0, 20260512])
 def test_cuda_kernel_matches_reference_on_every_workload_and_random_draws(seed):
     """Every workload of task.toml and the seed's random domain draws, both input draws of each."""
-    task, correctness_cases, ref, kern = _gpu_modules()
+    task, ref, kern = _gpu_modules()
     tol = task.correctness.tolerance
-    cases = correctness_cases(task, seed)
+    cases = _cases(seed)
     assert {w.name for w in task.correctness.workloads} <= {c.name for c in cases}
     assert any(c.name.startswith("random-") for c in cases)
     bad = {}
@@ -206,8 +216,8 @@ def test_cuda_graph_replay_recomputes_on_new_inputs(name):
     """Captured on inputs A (after one warm-up call on the capture stream, as vLLM does), replayed after
     inputs B are copied into the static buffers and the output poisoned: the replay matches the
     reference on B (outputs and pool), so nothing was baked in at capture or left outside the graph."""
-    task, correctness_cases, ref, kern = _gpu_modules()
-    c = next(c for c in correctness_cases(task, 3) if c.name == name)
+    task, ref, kern = _gpu_modules()
+    c = next(c for c in _cases(0) if c.name == name)
     lb = c.kwargs["lower_bound"]
     static = {k: v.cuda() for k, v in c.inputs_a.items()}
     B, H, _ = c.inputs_a["q"].shape
