@@ -141,6 +141,9 @@ def test_one_burst_between_calls_is_timed_again_and_judged_on_the_clean_window(p
     assert row["verdict"] != "busy_outside" and row["candidate_outside_cpu_us"] < perf.OUTSIDE_CPU_ABS_US
     assert len(row["candidate_us"]) == 12  # the second window alone
     assert "judged on the second window alone, clean" in row["implementation"]
+    from workbench.results import PerfResult
+
+    assert PerfResult(**row).outside_cpu_first_window_us == row["outside_cpu_first_window_us"]  # the result file's schema
 
 
 @pytest.mark.slow
