@@ -10,6 +10,8 @@ from guards.correctness import CorrectnessGuard
 from guards.verdict import Status
 from tests.guards.test_guard_units import GOOD, _candidate
 
+FAILS_ON_TIMINGS = perf._fails_on_timings  # the real one (``_one_workload`` patches it away)
+
 CYCLIC_COST = '''
 
 import time as _time
@@ -172,3 +174,46 @@ def test_a_candidate_that_is_fast_only_in_the_first_window_gains_nothing_from_th
     row = ctx.artifacts.perf[0]
     assert min(row["candidate_us"]) >= 3000.0, row["candidate_us"]
     assert row["verdict"] in ("regression", "mean_regression"), row["verdict"]
+
+
+SLOW_IN_FIRST_WINDOW = '''
+
+import time as _time
+
+_fast_route_dispatch = moe_route_dispatch
+_calls = [0]
+
+
+def moe_route_dispatch(router_logits, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] <= 14:  # slow for the warm-up and the first window (2 + 12 calls), then fast
+        t = _time.thread_time()
+        while _time.thread_time() - t < 0.003:
+            pass
+    return _fast_route_dispatch(router_logits, *args, **kwargs)
+'''
+
+
+@pytest.mark.slow
+def test_a_first_window_that_fails_on_its_timings_is_never_re_measured(pristine_repo, tmp_path, monkeypatch):
+    """Session 16's code review: a kernel slow for its first window, with a burst to trigger the re-measure,
+    then fast and clean, was accepted on the second window. A window failing on its own timings now fails."""
+    ctx = _candidate(pristine_repo, tmp_path, (pristine_repo / GOOD).read_text() + SLOW_IN_FIRST_WINDOW, "slow-first")
+    _one_workload(ctx, monkeypatch)
+    monkeypatch.setattr(perf, "_fails_on_timings", FAILS_ON_TIMINGS)
+    windows = _bursts(monkeypatch, [8000.0])
+    v = perf.PerfGuard().check(ctx)
+    assert v.status is Status.FAIL, v.summary
+    assert windows[0] == 1  # no second window
+    row = ctx.artifacts.perf[0]
+    assert row["outside_cpu_first_window_us"] is None and min(row["candidate_us"]) >= 3000.0
+
+
+@pytest.mark.slow
+def test_more_than_twice_the_allowance_between_calls_fails_without_a_re_measure(pristine_repo, tmp_path, monkeypatch):
+    ctx = _candidate(pristine_repo, tmp_path, (pristine_repo / GOOD).read_text(), "burst-large")
+    _one_workload(ctx, monkeypatch)
+    windows = _bursts(monkeypatch, [50000.0])
+    v = perf.PerfGuard().check(ctx)
+    assert v.status is Status.FAIL and windows[0] == 1
+    assert ctx.artifacts.perf[0]["verdict"] == "busy_outside"
