@@ -312,6 +312,7 @@ class PerfGuard:
         extensions: dict = {}
         screens: dict = {}
         loads: dict = {}
+        remeasured: dict = {}
         # each workload gets the task's perf budget (the judge draws every call's inputs while the
         # children wait, which the single-child design did before starting its child)
         timeout = task.timeouts.perf_s * len(timed)
@@ -366,15 +367,43 @@ class PerfGuard:
                     loads[c.name] = max(load)
                     outside = {k: (s.session.cpu_ns() - t0[k][0]) - (s.command_cpu_ns - t0[k][1])
                                for k, s in servers.items()}
+                    compiled = timed_compile_problem(rec["candidate"].compiles, task.perf.warmup)
+                    judged = rec
+                    if (_ok(rec) and not compiled and busy_outside(outside["candidate"] / 1e3, rec["candidate"].cpu_us)
+                            and remeasure_allowed(task, ctx.device, rec, outside["candidate"] / 1e3, gain, idx)):
+                        # one burst between calls (a driver or runtime thread of the process) is told from
+                        # work the candidate defers by timing the workload once more: the verdict rests on the
+                        # second window alone when it is clean, so deferring in the first gains nothing; a
+                        # first window that fails on its own timings is never re-measured (a kernel slow in it)
+                        progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): "
+                                       f"{outside['candidate'] / 1e3:.0f} us of CPU outside its calls, re-measuring "
+                                       "once", done=0, total=task.perf.repetitions)
+                        t1 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
+                        again = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
+                                              repetitions=task.perf.repetitions,
+                                              first_call=len(rec["candidate"].outputs))
+                        again_outside = {k: (s.session.cpu_ns() - t1[k][0]) - (s.command_cpu_ns - t1[k][1])
+                                         for k, s in servers.items()}
+                        for side in rec:
+                            rec[side].extend(again[side])
+                        compiled = timed_compile_problem(rec["candidate"].compiles, task.perf.warmup)
+                        clean = _ok(again) and not busy_outside(again_outside["candidate"] / 1e3,
+                                                                 again["candidate"].cpu_us)
+                        remeasured[c.name] = (again, outside["candidate"] / 1e3, clean,
+                                              len(rec["candidate"].outputs) - len(again["candidate"].outputs))
+                        if clean:
+                            judged, outside = again, again_outside
+                        else:  # both windows: their CPU outside the calls against all their calls
+                            outside = {k: outside[k] + again_outside[k] for k in outside}
+                    calls = task.perf.warmup + (first if screened else reps * rounds) + (
+                        task.perf.repetitions if c.name in remeasured else 0)
                     wrong = ("" if not _ok(rec)
                              else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
-                                                      ctx.seed, calls=task.perf.warmup + (
-                                                          first if screened else reps * rounds)))
-                    compiled = timed_compile_problem(rec["candidate"].compiles, task.perf.warmup)
+                                                      ctx.seed, calls=calls))
                     records[c.name] = (rec, outside, wrong, compiled)
                     if not _ok(rec) or wrong or compiled:
                         break
-                    if _fails_on_timings(task, ctx.device, rec, gain, idx):
+                    if _fails_on_timings(task, ctx.device, judged, gain, idx):
                         # the first failing workload decides the verdict (as the first FAIL stops the
                         # pipeline): later workloads are not timed, their cost is saved
                         break
@@ -399,12 +428,21 @@ class PerfGuard:
             rec, outside, wrong, compiled = records[c.name]
             b, k = rec["baseline"], rec["candidate"]
             late_note = ""
+            window = k.cpu_us  # the calls whose CPU time the outside time is weighed against
+            first_timed = task.perf.warmup  # the call index of k's first sample
+            if c.name in remeasured:
+                again, first_outside, clean, start = remeasured[c.name]
+                if clean:
+                    b, k = again["baseline"], again["candidate"]
+                    window, first_timed = k.cpu_us, start
+                late_note = (f" (re-measured: {first_outside:.0f} us of CPU outside the calls of its first window; "
+                             + ("judged on the second window alone, clean)" if clean else "the second was not clean)"))
             if c.name in late:
                 late_rec, gap, late_wrong, late_compiled = late[c.name]
                 wrong, compiled = wrong or late_wrong, compiled or late_compiled
                 if _late_fails(task, ctx.device, late_rec, i):  # judged on the late window alone
                     b, k = late_rec["baseline"], late_rec["candidate"]
-                    late_note = (f" (late recheck: timed again after {gap} more untimed calls a side, when the "
+                    late_note += (f" (late recheck: timed again after {gap} more untimed calls a side, when the "
                                  "process had made all the others)")
             impl = _impl(out["candidate"], c.name) + late_note
             base_impl = _impl(out["baseline"], c.name)
@@ -415,6 +453,7 @@ class PerfGuard:
                      "timer": "judge: child process CPU clock" if ctx.device == "cpu" else "judge: wall clock",
                      "extension_rounds": extensions.get(c.name, 0), "screened": screens.get(c.name, False),
                      "late_recheck_gap": late[c.name][1] if c.name in late else None,
+                     "outside_cpu_first_window_us": remeasured[c.name][1] if c.name in remeasured else None,
                      "load_avg": loads.get(c.name),
                      "cpus": os.cpu_count()}
             if any(st != b"k" for st in k.statuses) or any(st != b"k" for st in b.statuses):
@@ -434,9 +473,8 @@ class PerfGuard:
                 task, ctx.device, {"baseline": b, "candidate": k}, i)
             if mean_fails and not stats["verdict"].failing:
                 stats["verdict"] = PerfStatus.MEAN_REGRESSION
-            cpu_in = sum(k.cpu_us)
             stats["candidate_outside_cpu_us"] = outside["candidate"] / 1e3
-            if stats["candidate_outside_cpu_us"] > OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL * cpu_in:
+            if busy_outside(stats["candidate_outside_cpu_us"], window):
                 stats["verdict"] = PerfStatus.BUSY_OUTSIDE
             if ctx.device == "cpu":
                 stats["wait_excess_us"], bound = _wait_excess(b, k)
@@ -444,7 +482,7 @@ class PerfGuard:
                     stats["verdict"] = PerfStatus.WAITS
             else:
                 ev = [float(x) for x in (out["candidate"].get("event_us") or {}).get(c.name, [])]
-                timed_ev = ev[task.perf.warmup:]
+                timed_ev = ev[first_timed:]
                 stats["event_median_us"] = median(timed_ev) if timed_ev else None
                 if limits:
                     from kernels.timing import below_floor, floor_us
@@ -877,6 +915,38 @@ OUTSIDE_CPU_REL = 0.02
 """A candidate process may spend at most ``OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL x`` its in-call CPU time
 (microseconds) between its calls of one workload. An idle child blocks on its command pipe and spends
 nothing; the allowance covers returning to the command loop after each acknowledgement."""
+
+
+def busy_outside(outside_us: float, in_call_cpu_us) -> bool:
+    """Whether a candidate child's CPU time between its calls of one timing window (``outside_us``,
+    microseconds) exceeds the allowance for the window's in-call CPU times (``in_call_cpu_us``, one per
+    call, microseconds): :data:`OUTSIDE_CPU_ABS_US` + :data:`OUTSIDE_CPU_REL` x their sum.
+
+    A window over it is timed once more (``PerfGuard``): the H200 runs of sessions 14 and 16 each saw one
+    window of an honest kernel at ~7.2 ms (7,213 and 7,268 us; the other windows 0.3-1.8 ms), not repeated."""
+    return outside_us > OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL * sum(in_call_cpu_us)
+
+
+REMEASURE_MAX_FACTOR = 2.0
+"""A window is re-measured only when its CPU outside the calls is at most this many times the allowance
+(:func:`busy_outside`): an unrepeated burst of the size seen on the H200 (7.2 ms against ~5.8 ms), never
+seconds of background work."""
+
+
+def remeasure_allowed(task, device: str, rec: dict, outside_us: float, claimed: bool, seed: int) -> bool:
+    """Whether a window over the outside-CPU allowance may be timed once more (``PerfGuard``): its outside
+    CPU is at most :data:`REMEASURE_MAX_FACTOR` x the allowance, and the window does not fail on its own
+    timings (:func:`_fails_on_timings`; on CPU also the off-CPU wait check). A kernel slow or waiting in
+    the first window and clean in the second (a burst to trigger the re-measure) fails on the first."""
+    allowance = OUTSIDE_CPU_ABS_US + OUTSIDE_CPU_REL * sum(rec["candidate"].cpu_us)
+    if outside_us > REMEASURE_MAX_FACTOR * allowance or _fails_on_timings(task, device, rec, claimed, seed):
+        return False
+    if device == "cpu":
+        excess, bound = _wait_excess(rec["baseline"], rec["candidate"])
+        return excess <= bound
+    return True
+
+
 WAIT_ABS_US = 50.0
 WAIT_REL = 0.25
 WAIT_QUANTILE = 0.1

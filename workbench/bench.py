@@ -1,7 +1,8 @@
 """``workbench bench TASK``: decode-batch sweep of the standard path against a kernel, on CUDA.
 
-For each batch size (the task's batch axis) at the sizes of one template workload (default: the
-task's first perf workload, real K3 sizes for ``k3_moe_dispatch``), four ways of running the op, all
+For each batch size (the task's batch axis) at the sizes of one template workload (default: the first
+perf workload whose sizes fit every batch of the sweep, real K3 sizes for ``k3_moe_dispatch``), four
+ways of running the op, all
 timed with the one harness in :mod:`kernels.timing` (CUDA events, L2 flushed, interleaved A B):
 
 - ``standard_eager``: the standard path, torch eager (``decode_backend=standard``);
@@ -44,6 +45,25 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 VARIANTS = ("standard_eager", "standard_graph", "standard_compile", "kernel_eager", "kernel_graph")
 
 
+def batch_fits(task: Any, template: Any, batch: int) -> bool:
+    """Whether ``template``'s axes and params with the batch axis set to ``batch`` meet the task's
+    ``[domain] constraints`` (e.g. kda_decode's ``S >= B + 1``: a state slot per row); cost caps, which
+    bound the CI machine's correctness draws, do not apply to a benchmark."""
+    if task.domain is None:
+        return True
+    values = {**dict(template.axes), task.scope.batch_axis: int(batch), **dict(template.params)}
+    return task.domain.satisfied(values, cost=False)
+
+
+def template_workload(task: Any, batches: Sequence[int]) -> str:
+    """The default template: the first perf workload whose sizes fit every batch of the sweep
+    (:func:`batch_fits`), else the first perf workload (the batches it cannot take are skipped, and said)."""
+    for name in task.perf.workloads:
+        if all(batch_fits(task, task.workload(name), b) for b in batches):
+            return name
+    return task.perf.workloads[0]
+
+
 def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = "cuda",
               batches: Sequence[int] = DEFAULT_BATCHES, workload: str | None = None, repetitions: int = 200,
               compile_standard: bool = True, out_dir: Path | None = None, timeout_s: float = 900,
@@ -57,7 +77,7 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
             ``workbench run`` does); ``None`` benchmarks the checkout as it is.
         device: must be ``cuda``.
         batches: batch sizes (requests).
-        workload: template workload name (default: the task's first perf workload).
+        workload: template workload name (default: :func:`template_workload`).
         repetitions: timed calls per side and pair (count).
         compile_standard: also time ``torch.compile`` of the standard path.
         out_dir: where to write (default ``bench/results/local``).
@@ -94,7 +114,7 @@ def run_bench(root: Path, task_id: str, *, candidate: str | None, device: str = 
                                      timeout_s=timeout_s)[-1]
     json_path = out_dir / f"{task_id}.json"
     args = {"worktree": str(wt), "task_root": str(task.root), "task_id": task_id, "batches": list(batches),
-            "workload": workload or task.perf.workloads[0], "repetitions": repetitions,
+            "workload": workload or template_workload(task, batches), "repetitions": repetitions,
             "compile": compile_standard, "out": str(json_path), "candidate": candidate}
     run_measuring_child("workbench.bench", args, Path(wt), timeout_s=timeout_s, what="workbench bench")
     if not json_path.is_file():
@@ -226,7 +246,13 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
         tiny_buf.fill_(1.0)
 
     rows = []
+    skipped = {}
     for T in args["batches"]:
+        if not batch_fits(task, template, T):
+            skipped[int(T)] = (f"{task.scope.batch_axis} = {T} with {template.name}'s other sizes breaks the task's "
+                               f"[domain] constraints ({'; '.join(task.domain.constraints)})")
+            print(f"T={T:3d} skipped: {skipped[int(T)]}", flush=True)
+            continue
         axes = dict(template.axes)
         axes[task.scope.batch_axis] = int(T)
         w = template.model_copy(update={"axes": axes, "name": f"bench-{T}"})
@@ -234,9 +260,13 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
         inputs = {k: v.cuda() for k, v in case.inputs_a.items()}
         new_inputs = {k: v.cuda() for k, v in case.inputs_b.items()}
 
+        # an in-place output (e.g. kda_decode's state pool) is the input tensor of the same name: it is not
+        # allocated or passed again, and the kernel's result is read from that input
+        inplace = [k for k, s in case.output_specs.items() if s.get("inplace")]
+
         def outs() -> dict[str, torch.Tensor]:
             return {k: torch.full(s["shape"], s["poison"], dtype=getattr(torch, s["dtype"]), device="cuda")
-                    for k, s in case.output_specs.items()}
+                    for k, s in case.output_specs.items() if not s.get("inplace")}
 
         o_std, o_ker, o_cmp = outs(), outs(), outs()
 
@@ -259,7 +289,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
 
         def verify() -> list[str]:  # the task's own checker against its reference, on the new inputs
             cpu_in = {k: v.cpu() for k, v in new_inputs.items()}
-            got = {k: v.cpu() for k, v in o_ker.items()}
+            got = {k: v.cpu() for k, v in o_ker.items()} | {k: inputs[k].cpu() for k in inplace}
             return ref.check(cpu_in, case.kwargs, got, ref.reference(cpu_in, case.kwargs), task.correctness.tolerance)
 
         timing.capture_graph(ker, outputs=list(o_ker.values()), refresh_inputs=refresh, verify=verify)
@@ -326,7 +356,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
             "device_limits": lim.to_dict(),
             "timing": {"repetitions": int(args["repetitions"]), "flush_l2": True, "interleaved": True,
                        "timer": "cuda_event", "statistic": "median"},
-            "environment": envmod.collect("cuda"), "rows": rows}
+            "environment": envmod.collect("cuda"), "rows": rows, "batches_skipped": skipped}
 
 
 def plot(json_path: Path, png_path: Path, *, floor_label: str = "floor (graph launch / bandwidth)",

@@ -115,6 +115,10 @@ class PerfResult(_Model):
         late_recheck_gap: untimed calls a side before this configuration's late recheck (count), or ``None``
             when it had none (``guards.perf.PerfGuard._late_rechecks``); the entry's samples are the late
             window's when that window failed on its own.
+        outside_cpu_first_window_us: the candidate's CPU time between its calls in the configuration's first
+            window (microseconds) when that exceeded the allowance and the configuration was timed once
+            more (``guards.perf.busy_outside``), else ``None``; the entry's samples are the second window's
+            when it was clean.
         screened: a regression-only configuration cleared on its screening pairs
             (``guards.perf.SCREEN_SHARE`` of the task's repetitions), the rest of its round not timed.
 
@@ -145,6 +149,7 @@ class PerfResult(_Model):
     extension_rounds: int = 0
     screened: bool = False
     late_recheck_gap: int | None = None
+    outside_cpu_first_window_us: float | None = None
     pooled_judgings: int = 1
     load_avg: float | None = None
     cpus: int | None = None

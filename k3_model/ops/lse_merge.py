@@ -75,7 +75,8 @@ def lse_merge_standard(outs: torch.Tensor, lses: torch.Tensor, *, base_e: bool, 
                        out_lse: torch.Tensor) -> None:
     """The standard path: every LSE sanitised, every term guarded, in float32; see :func:`lse_merge`."""
     exp, log = (torch.exp, torch.log) if base_e else (torch.exp2, torch.log2)
-    neg_inf = torch.tensor(float("-inf"), device=lses.device)
+    # 0-dim tensors made on the device (no host-to-device copy: the path stays CUDA-graph capturable)
+    neg_inf = torch.full((), float("-inf"), device=lses.device)
     zero = torch.zeros((), device=lses.device)
     lse = lses.float()
     lse = torch.where(torch.isnan(lse) | (lse == float("inf")), neg_inf, lse)  # empty chunks -> -inf

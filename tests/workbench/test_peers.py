@@ -68,3 +68,46 @@ def test_peer_names_become_result_keys_so_odd_names_are_refused():
     d = p.describe()
     assert d["status"] == "not run" and d["version"] is None
     assert "surely-not-installed-dist is not importable here (ModuleNotFoundError" in d["reason"]
+
+
+def test_kda_declares_fla_with_an_adapter():
+    """FLA's fused recurrent KDA is declared with an adapter, listed as not run where FLA is missing."""
+    peers = task_peers(load_task(ROOT, "k3_kda_decode"))
+    assert [p.name for p in peers] == ["fla_fused_recurrent"]
+    peer = peers[0]
+    assert peer.distribution == "fla-core" and peer.build is not None
+    info = peer.describe()
+    if info["status"] == "not run":
+        assert info["reason"].startswith("fla-core is not importable here")
+
+
+@pytest.mark.gpu
+def test_kda_fla_peer_computes_the_op_on_cuda():
+    """Where FLA and CUDA are here, the peer's step matches the task's reference (active rows)."""
+    pytest.importorskip("fla.ops.kda.fused_recurrent")
+    import torch
+
+    peer = task_peers(load_task(ROOT, "k3_kda_decode"))[0]
+    import importlib.util
+
+    root = ROOT / "tasks" / "k3_kda_decode"
+    mods = {}
+    for name in ("inputs", "reference"):
+        spec = importlib.util.spec_from_file_location(f"_kda_{name}", root / f"{name}.py")
+        mods[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mods[name])
+    task = load_task(ROOT, "k3_kda_decode")
+    w = task.workload("k3_b8")
+    x = mods["inputs"].make_inputs(w.axes, 3, w.case or "realistic")
+    x["state_indices"] = x["state_indices"].abs().clamp(min=1)  # no padding rows: the peer has none
+    want = mods["reference"].reference(x, w.params)
+    cuda = {n: t.cuda() for n, t in x.items()}
+    peer.build(cuda, w.params)()  # the adapter runs (on its own copies)
+    from guards.cases import load_task_module
+
+    state, out = cuda["state"].clone(), torch.empty_like(cuda["v"].unsqueeze(1))
+    load_task_module(task, "peers").fla_step(cuda, lower_bound=w.params["lower_bound"], state=state,
+                                             slots=cuda["state_indices"].int(), out=out)
+    torch.cuda.synchronize()
+    got = {"out": out.squeeze(1).cpu(), "state": state.cpu()}
+    assert mods["reference"].check(x, w.params, got, want, task.correctness.tolerance) == []
