@@ -344,6 +344,36 @@ def test_swapped_module_gets_its_own_parsed_scope(monkeypatch):
     assert declared_scope("moe_dispatch").batch_max == 64
 
 
+def test_memoised_routes_follow_the_module_swap_and_the_batch(monkeypatch):
+    """``select`` memoises ``route`` per (op, scope, batch, ...): swapping the base commit's kernel in and
+    out (guards/_child_main.py) and changing the batch still give each call its own decision and reason."""
+    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_max=64))
+    base = types.ModuleType("base_kernel")
+    base.__file__ = "<base>"
+    base.SCOPE = OpScope(devices=("cpu",), batch_max=4)
+    base.moe_route_dispatch = cand.moe_route_dispatch
+    monkeypatch.setattr(dispatch, "_ROUTES", {})
+    seen = []
+    for mod, T in ((cand, 16), (cand, 16), (base, 16), (base, 4), (cand, 16), (base, 16)):
+        dispatch._MODULES["moe_dispatch"] = mod
+        with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+            _call(T)
+        seen.append((tr.decisions[0].implementation, tr.decisions[0].reason))
+    assert [s[0] for s in seen] == ["latency_specialized", "latency_specialized", "standard", "latency_specialized",
+                                    "latency_specialized", "standard"]
+    assert seen[0] == seen[1] == seen[4] and seen[2] == seen[5]
+    assert seen[2][1] == "out of declared scope: batch 16 outside [1, 4]", seen[2]
+    assert len(dispatch._ROUTES) == 3  # (cand, 16), (base, 16), (base, 4)
+
+
+def test_registering_op_shapes_empties_the_route_memo(monkeypatch):
+    """A newly registered shape domain changes what ``route`` answers, so the memo starts again."""
+    monkeypatch.setattr(dispatch, "_ROUTES", {("x",): (None, True, "stale")})
+    monkeypatch.setattr(dispatch, "_OP_SHAPES", {})
+    dispatch.register_op_shapes("memo_probe_op", {"N": {"min": 1}})
+    assert dispatch._ROUTES == {}
+
+
 def test_lying_scope_in_a_kernel_module_fails_at_import(monkeypatch, tmp_path):
     """The real import path: ``OpScope(...)`` in the module body refuses the container, the dispatcher says where."""
     pkg = tmp_path / "lying_scope_op"
