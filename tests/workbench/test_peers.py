@@ -111,3 +111,23 @@ def test_kda_fla_peer_computes_the_op_on_cuda():
     torch.cuda.synchronize()
     got = {"out": out.squeeze(1).cpu(), "state": state.cpu()}
     assert mods["reference"].check(x, w.params, got, want, task.correctness.tolerance) == []
+
+
+def test_small_m_gemm_cublas_peer_computes_the_op_within_the_task_tolerance():
+    """The cuBLAS peer (F.linear) is the whole op: on the task's inputs (here on CPU, where F.linear is
+    the same call) its output passes the task's checker against the float64 reference."""
+    import torch
+
+    from guards.cases import load_task_module
+
+    task = load_task(ROOT, "k3_small_m_gemm")
+    (peer,) = task_peers(task)
+    assert peer.name == "cublas_linear" and peer.describe()["status"] != "not run"
+    inputs = load_task_module(task, "inputs").make_inputs({"M": 5, "N": 300, "K": 257}, 3, "realistic")
+    ref = load_task_module(task, "reference")
+    got = peer.build(inputs, {})()
+    assert got.shape == (5, 300) and got.dtype == torch.float32
+    assert ref.check(inputs, {}, {"out": got}, ref.reference(inputs, {}), task.correctness.tolerance) == []
+    wrong = got.clone()
+    wrong[2, 7] += 1e-3
+    assert ref.check(inputs, {}, {"out": wrong}, ref.reference(inputs, {}), task.correctness.tolerance) != []
