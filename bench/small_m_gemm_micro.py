@@ -11,7 +11,8 @@ calls, the sides interleaved. The best parameters per shape are then timed as CU
 (the bench's method). Every variant's output is checked against a float64 reference first
 (max |err| / (2^-22 sqrt(K) sum|x w|), the task's atol bound: <= 1 passes).
 
-Usage (repository root, CUDA): ``python3 bench/small_m_gemm_micro.py OUT.json [reps]``.
+Usage (repository root, CUDA): ``python3 bench/small_m_gemm_micro.py OUT.json [reps] [quick]``; ``quick``:
+four shapes, M 1, 8 and 16, BK 128 only (a call with little device time left).
 Source: issue 14 item 3; tasks/k3_small_m_gemm/task.toml (shapes, tolerance); kernels/timing.py (flush).
 """
 
@@ -150,18 +151,26 @@ def _graph_us(fns: dict, reps: int, flush: torch.Tensor) -> dict:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def main(out_path: str, reps: int = 40) -> None:
+def main(out_path: str, reps: int = 40, quick: bool = False) -> None:
+    global GRID, SHAPES, ROWS
+    if quick:
+        GRID = [p for p in GRID if p["BK"] == 128]
+        SHAPES = {k: SHAPES[k] for k in ("k3_qkv_a", "k3_kda_in_proj", "k3_q_b", "mini_kv_a")}
+        ROWS = (1, 8, 16)
     tg = _load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, t0 = [], time.time()
+    env = {"device": torch.cuda.get_device_name(0), "sms": sms, "torch": torch.__version__,
+           "cuda": torch.version.cuda, "triton": triton.__version__, "reps": reps,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for name, (N, K) in SHAPES.items():
         w = torch.randn(N, K, device="cuda", generator=gen) * 0.02
         for M in ROWS:
             x = torch.randn(M, K, device="cuda", generator=gen)
             outs = {"mm": torch.empty(M, N, device="cuda")}
-            fns = {"mm": lambda x=x, o=outs["mm"]: torch.mm(x, w.t(), out=o)}
+            fns = {"mm": lambda x=x, w=w, o=outs["mm"]: torch.mm(x, w.t(), out=o)}
             errs = {}
             for i, p in enumerate(GRID):
                 launchers, S = make_launchers(tg, N, K, p, sms)
@@ -173,7 +182,7 @@ def main(out_path: str, reps: int = 40) -> None:
                     torch.cuda.synchronize()
                     errs[key] = _err_ratio(x, w, o)
                     outs[key] = o
-                    fns[key] = (lambda fn=fn, o=o: fn(x, w, o))
+                    fns[key] = (lambda fn=fn, x=x, w=w, o=o: fn(x, w, o))
             eager = _eager_us(fns, reps, flush)
             best = {form: min((k for k in eager if k.startswith(form + ":")), key=eager.get) for form in ("two", "one")}
             graph = _graph_us({"mm": fns["mm"], **{k: fns[k] for k in best.values()}}, reps, flush)
@@ -187,11 +196,9 @@ def main(out_path: str, reps: int = 40) -> None:
                   f"{r['two_best']['graph_us']:.1f} {r['two_best']['params']}, one {r['one_best']['eager_us']:.1f}/"
                   f"{r['one_best']['graph_us']:.1f} {r['one_best']['params']}, max err {r['max_err_ratio']:.3f} "
                   f"[{time.time() - t0:.0f} s]", flush=True)
-    env = {"device": torch.cuda.get_device_name(0), "sms": sms, "torch": torch.__version__,
-           "cuda": torch.version.cuda, "triton": triton.__version__, "reps": reps,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    Path(out_path).write_text(json.dumps({"environment": env, "grid": GRID, "rows": rows}, indent=1))
+            # written after every row: a call cut short by its time limit still leaves what it measured
+            Path(out_path).write_text(json.dumps({"environment": env, "grid": GRID, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40, "quick" in sys.argv[3:])
