@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL = ROOT / "tasks/k3_small_m_gemm/fixtures/good/triton-cuda/k3_model/kernels/small_m_gemm/_triton_gemm.py"
+KERNEL = (ROOT / "tasks/k3_small_m_gemm/fixtures/bad/perf-fp32-tl-dot-slower-than-cublas/k3_model/kernels/small_m_gemm"
+          / "_triton_gemm.py")
 
 SHAPES = {"k3_qkv_a": (2112, 7168), "k3_g_proj": (1536, 7168), "k3_q_b": (2304, 1536),
           "k3_kda_in_proj": (6288, 7168), "mid_4000x4096": (4000, 4096), "odd_2111x4099": (2111, 4099),

@@ -1,8 +1,8 @@
-"""The Triton small_m_gemm fixture against the task's reference: under Triton's CPU interpreter
-(``TRITON_INTERPRET=1``, small shapes, every input case, a strided row view) and, marked ``gpu``, on CUDA
+"""The Triton small_m_gemm fixture (a bad fixture for perf: correct, slower than cuBLAS on the H200)
+against the task's reference: under Triton's CPU interpreter (``TRITON_INTERPRET=1``, small shapes, every input case, a strided row view) and, marked ``gpu``, on CUDA
 over every workload inside its scope (M <= 16), random shapes and a CUDA-graph replay.
 
-Source: tasks/k3_small_m_gemm/fixtures/good/triton-cuda (the kernel); tasks/k3_small_m_gemm/reference.py
+Source: tasks/k3_small_m_gemm/fixtures/bad/perf-fp32-tl-dot-slower-than-cublas (the kernel); tasks/k3_small_m_gemm/reference.py
 (oracle and checker); task.toml (workloads, cases, tolerances).
 """
 
@@ -20,7 +20,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "tasks" / "k3_small_m_gemm"
-KERNEL = TASK / "fixtures" / "good" / "triton-cuda" / "k3_model" / "kernels" / "small_m_gemm" / "_triton_gemm.py"
+KERNEL = TASK / "fixtures" / "bad" / "perf-fp32-tl-dot-slower-than-cublas" / "k3_model" / "kernels" / "small_m_gemm" / "_triton_gemm.py"
 
 # (case, M, N, K): every input case, K not a multiple of BLOCK_K, N not a multiple of BLOCK_N, M = 1 and 16
 INTERPRETED = [("realistic", 1, 33, 300), ("realistic", 16, 64, 256), ("padding_rows", 8, 40, 130),
