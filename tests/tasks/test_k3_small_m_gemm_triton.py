@@ -1,6 +1,7 @@
 """The Triton small_m_gemm fixture (a bad fixture for perf: correct, slower than cuBLAS on the H200)
-against the task's reference: under Triton's CPU interpreter (``TRITON_INTERPRET=1``, small shapes, every input case, a strided row view) and, marked ``gpu``, on CUDA
-over every workload inside its scope (M <= 16), random shapes and a CUDA-graph replay.
+against the task's reference: under Triton's CPU interpreter (``TRITON_INTERPRET=1``, small shapes,
+every input case, a strided row view) and, marked ``gpu``, on CUDA over every workload inside its scope
+(M <= 16), random shapes and a CUDA-graph replay.
 
 Source: tasks/k3_small_m_gemm/fixtures/bad/perf-fp32-tl-dot-slower-than-cublas (the kernel); tasks/k3_small_m_gemm/reference.py
 (oracle and checker); task.toml (workloads, cases, tolerances).
