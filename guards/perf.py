@@ -437,11 +437,13 @@ class PerfGuard:
                     window, first_timed = k.cpu_us, start
                 late_note = (f" (re-measured: {first_outside:.0f} us of CPU outside the calls of its first window; "
                              + ("judged on the second window alone, clean)" if clean else "the second was not clean)"))
+            timed_segments = [(first_timed, len(k.wall_us))]  # the judged calls' indices: (first, count)
             if c.name in late:
-                late_rec, gap, late_wrong, late_compiled = late[c.name]
+                late_rec, gap, late_wrong, late_compiled, late_segments = late[c.name]
                 wrong, compiled = wrong or late_wrong, compiled or late_compiled
                 if _late_fails(task, ctx.device, late_rec, i):  # judged on the late window alone
                     b, k = late_rec["baseline"], late_rec["candidate"]
+                    timed_segments = late_segments
                     late_note += (f" (late recheck: timed again after {gap} more untimed calls a side, when the "
                                  "process had made all the others)")
             impl = _impl(out["candidate"], c.name) + late_note
@@ -474,10 +476,10 @@ class PerfGuard:
             if mean_fails and not stats["verdict"].failing:
                 stats["verdict"] = PerfStatus.MEAN_REGRESSION
             stats["candidate_outside_cpu_us"] = outside["candidate"] / 1e3
-            # a window that fails on its own timings keeps that verdict (the H200's first small_m_gemm run
-            # read "busy between its calls" for a kernel 0.884x as fast: slow, not deferring work); the
-            # CPU outside the calls stays in the row either way
-            if busy_outside(stats["candidate_outside_cpu_us"], window) and not stats["verdict"].failing:
+            # busy_outside wins over a failing timing verdict too (its summary still gives the speedup): it is
+            # not timing-only, so workbench.retries never pools the pairs of a window that deferred work
+            # (session 17's review: labelled no_gain instead, six judgings of one content pooled to a gain)
+            if busy_outside(stats["candidate_outside_cpu_us"], window):
                 stats["verdict"] = PerfStatus.BUSY_OUTSIDE
             if ctx.device == "cpu":
                 stats["wait_excess_us"], bound = _wait_excess(b, k)
@@ -485,7 +487,7 @@ class PerfGuard:
                     stats["verdict"] = PerfStatus.WAITS
             else:
                 ev = [float(x) for x in (out["candidate"].get("event_us") or {}).get(c.name, [])]
-                timed_ev = ev[first_timed:]
+                timed_ev = timed_events(ev, timed_segments)
                 stats["event_median_us"] = median(timed_ev) if timed_ev else None
                 if limits:
                     from kernels.timing import below_floor, floor_us
@@ -521,7 +523,8 @@ class PerfGuard:
         once more after another random gap and judged on both windows pooled (load from other processes).
 
         Returns:
-            ``{name: (late_record, gap_calls, wrong, compiled)}``.
+            ``{name: (late_record, gap_calls, wrong, compiled, segments)}``; ``segments`` lists each late
+            window's timed calls as (index of its first call in the workload's call sequence, count).
         """
         from guards.judge import time_workload
 
@@ -541,7 +544,7 @@ class PerfGuard:
             n = screening_repetitions(task.perf.repetitions)
             first = len(rec["candidate"].outputs)
             outputs = {side: list(r.outputs) for side, r in rec.items()}
-            late_rec, gaps, compiled = None, [], ""
+            late_rec, gaps, compiled, segments = None, [], "", []
             for attempt in range(2):  # a failing late window is re-measured once (load), then judged pooled
                 gap = rng.randint(0, LATE_GAP_FACTOR * task.perf.repetitions)
                 progress.phase(f"late recheck of {name}: {gap} untimed calls, then {n} timed pairs"
@@ -549,6 +552,7 @@ class PerfGuard:
                 more = time_workload(servers, i, specs[i], _input_maker(task, c, ctx.seed), device=ctx.device,
                                      warmup=gap, repetitions=n, first_call=first)
                 gaps.append(gap)
+                segments.append((first + gap, n))  # this window's timed calls (after its untimed gap)
                 first += gap + n
                 for side in outputs:
                     outputs[side] += more[side].outputs
@@ -561,11 +565,11 @@ class PerfGuard:
                 if not _ok(more) or not _late_fails(task, ctx.device, late_rec, i):
                     break
             if not _ok(late_rec):
-                out[name] = (late_rec, sum(gaps), "a late recheck call failed", compiled)
+                out[name] = (late_rec, sum(gaps), "a late recheck call failed", compiled, segments)
                 continue
             wrong = _every_call_problem(task, c, outputs["candidate"], outputs["baseline"], ctx.seed,
                                         calls=first) or ""
-            out[name] = (late_rec, sum(gaps), wrong, compiled)
+            out[name] = (late_rec, sum(gaps), wrong, compiled, segments)
         return out
 
     def _verdict(self, task, results: list, timed) -> Verdict:
@@ -677,6 +681,14 @@ LATE_RECHECKS = 2
 """Workloads timed once more after all the others (count): see ``PerfGuard._late_rechecks``."""
 LATE_GAP_FACTOR = 2
 """Untimed calls before a late recheck: uniform in 0 .. ``LATE_GAP_FACTOR`` x the task's repetitions."""
+
+
+def timed_events(events: list[float], segments: list[tuple[int, int]]) -> list[float]:
+    """The CUDA event times (us) of the judged calls: ``events`` holds one per call of the workload in call
+    order (warm-up, gaps and every window), ``segments`` the judged windows as (first call index, count).
+    The judged window is the first (after warm-up), the re-measured one, or a late recheck's windows, which
+    follow untimed gaps, so the events are cut per window to line up with that window's wall times."""
+    return [e for first, n in segments for e in events[first:first + n]]
 
 
 def _late_fails(task, device: str, rec: dict, seed: int) -> bool:

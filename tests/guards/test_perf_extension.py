@@ -298,3 +298,13 @@ def test_a_kernel_that_slows_down_after_the_timed_window_fails_its_late_recheck(
     # slower on the CPU clock; under load its 3 ms calls are also preempted more than the baseline's (waits)
     assert listed["verdict"] in ("regression", "mean_regression", "no_gain", "waits"), listed["verdict"]
     assert "when timed again late (after " in v.summary, v.summary
+
+
+def test_the_cuda_event_check_reads_the_judged_windows_events():
+    """Session 16's review: a workload judged on its late recheck compared the events of its first window
+    (``ev[warmup:]``) with the late window's wall times. Each judged window's events are cut at its own calls
+    (a late window follows an untimed gap; a pooled late recheck has two)."""
+    ev = [float(i) for i in range(40)]
+    assert perf.timed_events(ev, [(5, 12)]) == ev[5:17]
+    assert perf.timed_events(ev, [(20, 3), (30, 3)]) == [20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
+    assert perf.timed_events(ev, [(38, 5)]) == [38.0, 39.0]  # a short event list is not padded

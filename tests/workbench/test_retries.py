@@ -3,6 +3,7 @@ earlier judgings: a found bug stays found, perf pairs add up."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -157,6 +158,35 @@ def test_perf_is_judged_on_the_pooled_pairs_of_every_judging(project_repo, tmp_p
     # without earlier judgings nothing changes
     alone = retries.pool(task, verdicts, now, [], device="cpu")
     assert alone.verdicts == verdicts and alone.perf == now and alone.judging == 1
+
+
+def test_windows_busy_between_their_calls_are_never_pooled_into_a_gain(project_repo, tmp_path):
+    """Session 17's review: busy_outside rows relabelled with their timing verdict (no_gain) were pooled, and
+    six judgings of one deferring kernel at a noisy 1.15x reached a gain. busy_outside is not timing-only:
+    the pairs of such windows stay out of the pool, in this judging and in earlier ones."""
+    task = load_task(project_repo, "k3_moe_dispatch")
+    busy = Verdict(guard="perf", status=Status.FAIL, summary="busy between its calls",
+                   evidence=(Evidence(name="speedup[k3_t64]", value=1.15, unit="x"),))
+    earlier = []
+    for i in range(5):
+        b, c = _pairs(24, 1.15, 0.3, seed=10 + i)
+        row = PerfResult(**{**_row("k3_t64", b, c, "busy_outside"), "candidate_outside_cpu_us": 50000.0})
+        p = _result(tmp_path, f"k3_moe_dispatch-{i}-b", [row], (busy,))
+        earlier.append(retries.Judging(key="k", result_id=f"k3_moe_dispatch-{i}-b", result_path=str(p),
+                                       accepted=False, failed_guard="perf"))
+    b, c = _pairs(24, 1.15, 0.3, seed=20)
+    now = [{**_row("k3_t64", b, c, "busy_outside"), "candidate_outside_cpu_us": 50000.0}]
+    verdicts = [Verdict(guard="correctness", status=Status.PASS, summary="ok"), busy]
+    pooled = retries.pool(task, verdicts, now, earlier, device="cpu")
+    assert pooled.verdicts[1].status is Status.FAIL and pooled.perf[0]["verdict"] == "busy_outside"
+    assert len(pooled.perf[0]["candidate_us"]) == 24  # nothing pooled in
+    # the same pairs labelled by their timings alone would pool: the premise of the attack
+    relabelled = [{**now[0], "verdict": "no_gain"}]
+    for j in earlier:
+        r = json.loads(Path(j.result_path).read_text())
+        r["perf"][0]["verdict"] = "no_gain"
+        Path(j.result_path).write_text(json.dumps(r))
+    assert len(retries.pool(task, verdicts, relabelled, earlier, device="cpu").perf[0]["candidate_us"]) == 144
 
 
 def test_an_environment_failure_is_not_carried_over(project_repo, tmp_path):
