@@ -55,7 +55,7 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
     ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), "ext")
     assert CorrectnessGuard().check(ctx).status is Status.PASS  # records the declared scope
     task = ctx.task.model_copy(update={"perf": ctx.task.perf.model_copy(update={
-        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 24})})
+        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
     ctx.task = task
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 0)
     monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
@@ -158,7 +158,7 @@ def _screen_ctx(project_repo, tmp_path, monkeypatch, name):
     ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text(), name)
     assert CorrectnessGuard().check(ctx).status is Status.PASS  # records the declared scope
     ctx.task = ctx.task.model_copy(update={"perf": ctx.task.perf.model_copy(update={
-        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 24})})
+        "workloads": ctx.task.perf.workloads[:1], "warmup": 2, "repetitions": 12})})
     monkeypatch.setattr(perf, "PERF_RANDOM_DRAWS", 1)
     monkeypatch.setattr(perf, "PERF_DOMAIN_DRAWS", 0)
     monkeypatch.setattr(perf, "LATE_RECHECKS", 0)  # the screening's calls alone (the late recheck has its own test)
