@@ -146,9 +146,37 @@ def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     Source: issue 12 ("inputs-unchanged compared through nan_to_num, so NaN written over zeros
     passes"; "comparisons are bitwise where they must be").
     """
+    return [k for k, v in before.items() if after.get(k) != input_digest(v)]
+
+
+_DIGESTS: dict[int, tuple[Any, int, dict]] = {}
+"""id(tensor) -> (weak reference to it, its in-place version counter, its digest): :func:`input_digest`'s memo."""
+DIGEST_MEMO_ENTRIES = 4096
+"""Memo size (entries) past which the entries of tensors no longer alive are dropped."""
+
+
+def input_digest(t) -> dict:
+    """:func:`guards._protocol.tensor_digest` of an input as handed to the child, computed once per tensor.
+
+    A case's inputs are compared after each of its calls (``inputs_a`` twice) and, where one judging
+    process judges many candidates on the same cases, after every candidate's calls; hashing a
+    61 MB weight each time dominated the guard's own time. The memo holds a weak reference, so it
+    keeps no tensor alive, and the digest is computed again when the tensor is another object at the
+    same address or was changed in place since (its version counter moved): a stale digest is never used.
+    """
+    import weakref
+
     from guards._protocol import tensor_digest
 
-    return [k for k, v in before.items() if after.get(k) != tensor_digest(v)]
+    hit = _DIGESTS.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    digest = tensor_digest(t)
+    if len(_DIGESTS) >= DIGEST_MEMO_ENTRIES:
+        for key in [k for k, (ref, _, _) in _DIGESTS.items() if ref() is None]:
+            del _DIGESTS[key]
+    _DIGESTS[id(t)] = (weakref.ref(t), t._version, digest)
+    return digest
 
 
 def same_bits(a: Any, b: Any) -> bool:

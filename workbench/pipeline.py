@@ -165,6 +165,9 @@ def run_guards_phase(repo_root: Path, task: TaskSpec, cand: Candidate, *, device
     Raises:
         RuntimeError: the judged tree could not be made (git's reason in the message).
     """
+    from workbench.heap import keep_freed_memory
+
+    keep_freed_memory()  # the guards' large tensors are reused, not re-faulted (workbench/heap.py)
     ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
                        candidate_commit=cand.candidate_commit, device=device, seed=seed)
     verdicts = run_guards(ctx, guards)

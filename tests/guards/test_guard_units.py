@@ -321,6 +321,62 @@ def test_inputs_unchanged_is_bitwise():
     assert _inputs_changed({"x": half}, {"x": half}) == ["x"]  # a tensor is not a digest: never trusted as one
 
 
+def test_input_digest_memo_never_serves_a_stale_digest():
+    """The digest of an input is computed once per tensor, and again after an in-place change or for another
+    tensor: an input the judge changed between two calls' checks is never compared with its old digest."""
+    import torch
+
+    from guards import correctness
+    from guards._protocol import tensor_digest
+
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    first = correctness.input_digest(x)
+    assert first == tensor_digest(x)
+    assert correctness.input_digest(x) is first  # memoised: the same dict, not hashed again
+    x[1, 2] = -0.0 if x[1, 2] == 0 else 0.0  # in place: the version counter moves
+    changed = correctness.input_digest(x)
+    assert changed == tensor_digest(x) and changed["blake2b"] != first["blake2b"]
+    assert correctness._inputs_changed({"x": x}, {"x": first}) == ["x"]
+    y = x.clone()  # same bits, another object: its own entry
+    assert correctness.input_digest(y) == changed and id(y) in correctness._DIGESTS
+    addr = id(y)
+    del y  # the memo holds it weakly: the entry is dead, never served for a new object at that address
+    assert correctness._DIGESTS[addr][0]() is None
+    z = torch.ones(3, 4)
+    assert correctness.input_digest(z) == tensor_digest(z)
+
+
+def test_judge_heap_keeps_freed_blocks_for_reuse():
+    """After :func:`workbench.heap.keep_freed_memory`, a freed 64 MiB tensor's pages are reused by the next one
+    (a few page faults) instead of being mapped and faulted in again (one per 4 KiB page)."""
+    import resource
+    import subprocess
+    import sys
+
+    code = ("import resource, sys, torch\n"
+            "from workbench.heap import keep_freed_memory\n"
+            "ok = keep_freed_memory() if sys.argv[1] == 'keep' else None\n"
+            "def twenty():\n"
+            "    for _ in range(20):\n"
+            "        t = torch.ones(16 << 20)\n"  # 64 MiB: 16384 pages of 4 KiB
+            "        del t\n"
+            "twenty()\n"  # the heap grows once (its first pages fault in either way)
+            "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "twenty()\n"
+            "print(ok, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)\n")
+    out = {}
+    for mode in ("default", "keep"):
+        p = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        flag, faults = p.stdout.split()
+        out[mode] = (flag, int(faults))
+    if out["keep"][0] != "True":
+        pytest.skip(f"no glibc mallopt here: {out}")
+    pages = (64 << 20) // resource.getpagesize()  # of one tensor
+    assert out["default"][1] >= 20 * pages // 2, out  # glibc's default: every tensor faulted in again
+    assert out["keep"][1] < pages // 4, out  # the pages of the first round are reused
+
+
 @pytest.mark.slow
 def test_negative_zero_written_over_a_zero_input_fails_correctness(project_repo, tmp_path):
     """A kernel that flips the sign of the caller's zero bias (the ``ties`` workload's) is rejected
