@@ -6,7 +6,7 @@ reference and the tolerance scale, the digests of the inputs after every call, t
 reference. glibc's malloc serves every block over its mmap threshold (32 MiB at most, by default) with a
 fresh ``mmap`` and unmaps it on ``free``, so each of those tensors faults its pages in again, zeroed by
 the kernel: 6.3 M minor page faults and 26 s of system time in one 42 s judgment of a k3_small_m_gemm
-fixture on the 2-core machine (``bench/judge_heap.py``, ``bench/results/cpu/judge_heap_session18.json``).
+fixture on the 2-core machine (``bench/judge_speed.py``, ``bench/results/cpu/judge_speed_session18.json``).
 
 :func:`keep_freed_memory` raises the mmap and trim thresholds of this process, so such blocks come from
 the heap and go back to it. It changes this process only: the guards' children (where candidates run and

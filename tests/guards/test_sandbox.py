@@ -148,7 +148,7 @@ def test_a_response_over_the_cap_is_named_as_such_and_never_blocks_the_child(mon
     assert full.problem is None and full.response["cases"][0]["calls"][0]["outputs"]
     # inputs come back as digests, not copies: the response stays near the size of the outputs
     after = full.response["cases"][0]["calls"][0]["inputs_after"]
-    assert set(after) == set(task.inputs) and all(set(d) == {"shape", "dtype", "blake2b"} for d in after.values())
+    assert set(after) == set(task.inputs) and all(set(d) == {"shape", "dtype", "sha256"} for d in after.values())
     monkeypatch.setattr(sandbox, "MAX_RESPONSE_BYTES", 1024)
     t0 = time.monotonic()
     over = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu")
