@@ -39,8 +39,9 @@ if sys.argv[2] == "default":
         workbench.heap.keep_freed_memory = lambda: False
     except ImportError:
         pass
-import guards, workbench.pipeline
-assert Path(guards.__file__).is_relative_to(sys.argv[1]), guards.__file__
+import guards.correctness, workbench.pipeline
+for mod in (guards.correctness, workbench.pipeline):
+    assert Path(mod.__file__).is_relative_to(sys.argv[1]), mod.__file__
 result, _ = workbench.pipeline.run_candidate(Path(sys.argv[3]), sys.argv[4], sys.argv[5], device="cpu",
                                              seed=int(sys.argv[6]))
 print(result.acceptance_label, result.first_failure().guard if result.first_failure() else "-")
