@@ -498,9 +498,10 @@ class PerfGuard:
                             stats["event_median_us"] is not None
                             and below_floor(stats["event_median_us"], stats["floor_us"])):
                         stats["verdict"] = PerfStatus.BELOW_FLOOR
-                if any(e > w * WALL_SLACK + 5.0 for e, w in zip(timed_ev, k.wall_us)):
+                tamper = event_tampering(timed_ev, k.wall_us)
+                if tamper:
                     stats["verdict"] = PerfStatus.TAMPERED
-                    entry["implementation"] += " (CUDA events longer than the judge's window: timer tampering)"
+                    entry["implementation"] += f" ({tamper})"
             if wrong:
                 stats["verdict"] = PerfStatus.WRONG_OUTPUT
                 entry["implementation"] += f" ({wrong})"
@@ -689,6 +690,30 @@ def timed_events(events: list[float], segments: list[tuple[int, int]]) -> list[f
     The judged window is the first (after warm-up), the re-measured one, or a late recheck's windows, which
     follow untimed gaps, so the events are cut per window to line up with that window's wall times."""
     return [e for first, n in segments for e in events[first:first + n]]
+
+
+def event_tampering(events_us: list[float], wall_us: list[float]) -> str | None:
+    """Why a candidate's CUDA events of its judged calls cannot be its own (a reason naming timer tampering),
+    or ``None``.
+
+    The child records one event pair around each call, so the judged window's events (:func:`timed_events`)
+    number exactly its wall samples: fewer means events were dropped (a kernel that empties its process's
+    event list would otherwise leave nothing to check, as a short list left the calls past its end
+    unchecked); an event longer than the judge's own window around the same call (x :data:`WALL_SLACK`,
+    plus 5 us) was not measured around that call.
+
+    Args:
+        events_us: the judged calls' CUDA event times (us), in call order.
+        wall_us: the judge's wall time of the same calls (us), in call order.
+
+    Source: session 17's review of :func:`timed_events` (the hardening it proposed).
+    """
+    if len(events_us) != len(wall_us):
+        return (f"{len(events_us)} CUDA event(s) for {len(wall_us)} judged call(s): events dropped or added, "
+                "timer tampering")
+    if any(e > w * WALL_SLACK + 5.0 for e, w in zip(events_us, wall_us)):
+        return "CUDA events longer than the judge's window: timer tampering"
+    return None
 
 
 def _late_fails(task, device: str, rec: dict, seed: int) -> bool:

@@ -308,3 +308,17 @@ def test_the_cuda_event_check_reads_the_judged_windows_events():
     assert perf.timed_events(ev, [(5, 12)]) == ev[5:17]
     assert perf.timed_events(ev, [(20, 3), (30, 3)]) == [20.0, 21.0, 22.0, 30.0, 31.0, 32.0]
     assert perf.timed_events(ev, [(38, 5)]) == [38.0, 39.0]  # a short event list is not padded
+
+
+def test_dropped_or_stretched_cuda_events_are_tampering():
+    """The judged calls' events must number their wall samples (a kernel that empties its process's event list
+    left nothing to compare) and none may exceed the judge's window around its call."""
+    wall = [100.0, 110.0, 105.0, 120.0]
+    assert perf.event_tampering([90.0, 99.0, 97.0, 111.0], wall) is None
+    assert perf.event_tampering([], wall) == "0 CUDA event(s) for 4 judged call(s): events dropped or added, timer tampering"
+    assert "3 CUDA event(s) for 4" in perf.event_tampering([90.0, 99.0, 97.0], wall)
+    assert "5 CUDA event(s) for 4" in perf.event_tampering([90.0] * 5, wall)
+    assert perf.event_tampering([90.0, 99.0, 97.0, 200.0], wall) == (
+        "CUDA events longer than the judge's window: timer tampering")
+    assert perf.event_tampering([104.0, 110.0, 105.0, 120.0], wall) is None  # within the 5% slack + 5 us
+    assert perf.event_tampering([], []) is None  # nothing judged: nothing to compare
