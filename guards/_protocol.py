@@ -20,6 +20,10 @@ from __future__ import annotations
 import hashlib
 import struct
 
+_SHA256 = hashlib.sha256
+"""Bound when this module loads (in the child: before any candidate code), so a patched ``hashlib`` later
+changes no digest the child sends."""
+
 RESPONSE_MAGIC = b"WBRESP1\0"
 NONCE_BYTES = 32
 
@@ -138,7 +142,7 @@ def tensor_digest(t) -> dict:
     import torch
 
     flat = t.detach().contiguous().reshape(-1)
-    h = hashlib.sha256()
+    h = _SHA256()
     if flat.numel():
         h.update(flat.view(torch.uint8).numpy())  # the buffer itself: no bytes copy
     return {"shape": [int(d) for d in t.shape], "dtype": str(t.dtype).removeprefix("torch."), "sha256": h.hexdigest()}

@@ -127,7 +127,7 @@ def _clip(text: str, n: int) -> str:
     return (text[: n - 3] + "..." if len(text) > n else text) + "."
 
 
-def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+def _inputs_changed(before: dict[str, Any], after: dict[str, Any], digests: dict | None = None) -> list[str]:
     """Names of the inputs whose bits the call changed (or whose tensor it replaced by another shape or dtype).
 
     Bitwise: ``after`` holds the child's :func:`guards._protocol.tensor_digest` of each input, compared
@@ -139,6 +139,8 @@ def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         before: input name -> tensor as handed to the candidate (a copy taken before the call).
         after: input name -> the digest of the same tensor after the call (a dict; anything else,
             or a missing name, counts as changed).
+        digests: a memo of the ``before`` digests (:func:`input_digest`), shared by the calls of one case
+            (``inputs_a`` is checked after its first and third call); ``None``: none kept.
 
     Returns:
         The changed names, in ``before``'s order; empty when every input is bit-for-bit unchanged.
@@ -146,36 +148,26 @@ def _inputs_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     Source: issue 12 ("inputs-unchanged compared through nan_to_num, so NaN written over zeros
     passes"; "comparisons are bitwise where they must be").
     """
-    return [k for k, v in before.items() if after.get(k) != input_digest(v)]
+    memo = {} if digests is None else digests
+    return [k for k, v in before.items() if after.get(k) != input_digest(v, memo)]
 
 
-_DIGESTS: dict[int, tuple[Any, int, dict]] = {}
-"""id(tensor) -> (weak reference to it, its in-place version counter, its digest): :func:`input_digest`'s memo."""
-DIGEST_MEMO_ENTRIES = 4096
-"""Memo size (entries) past which the entries of tensors no longer alive are dropped."""
+def input_digest(t, memo: dict) -> dict:
+    """:func:`guards._protocol.tensor_digest` of an input as handed to the child, once per tensor and ``memo``.
 
-
-def input_digest(t) -> dict:
-    """:func:`guards._protocol.tensor_digest` of an input as handed to the child, computed once per tensor.
-
-    A case's inputs are compared after each of its calls (``inputs_a`` twice) and, where one judging
-    process judges many candidates on the same cases, after every candidate's calls; hashing a
-    61 MB weight each time dominated the guard's own time. The memo holds a weak reference, so it
-    keeps no tensor alive, and the digest is computed again when the tensor is another object at the
-    same address or was changed in place since (its version counter moved): a stale digest is never used.
+    ``memo`` (``id(tensor) -> (tensor, version, digest)``) belongs to one case of one judgment: it holds
+    its tensors (no address is reused while it lives) and is dropped with the case's check. The digest is
+    computed again when the tensor's in-place version counter moved; writes that leave it unchanged
+    (``.data``, a numpy view) are not seen, and need not be: these tensors are the judge's own, handed
+    to the child as a serialized copy and to the task's reference and relations as clones.
     """
-    import weakref
-
     from guards._protocol import tensor_digest
 
-    hit = _DIGESTS.get(id(t))
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
+    hit = memo.get(id(t))
+    if hit is not None and hit[0] is t and hit[1] == t._version:
         return hit[2]
     digest = tensor_digest(t)
-    if len(_DIGESTS) >= DIGEST_MEMO_ENTRIES:
-        for key in [k for k, (ref, _, _) in _DIGESTS.items() if ref() is None]:
-            del _DIGESTS[key]
-    _DIGESTS[id(t)] = (weakref.ref(t), t._version, digest)
+    memo[id(t)] = (t, t._version, digest)
     return digest
 
 
@@ -310,6 +302,7 @@ class CorrectnessGuard:
         mism: list[str] = []
         impls: list[str] = []
         call_traces = []
+        digests: dict = {}  # the inputs' digests, shared by the case's calls (inputs_a: the first and third)
         if len(ranks) != case.world_size or any(len(rc.get("calls", [])) != 3 for rc in ranks):
             mism.append(f"the child returned no result for this case ({len(ranks)} of {case.world_size} rank(s))")
         else:
@@ -326,7 +319,7 @@ class CorrectnessGuard:
                         mism.append(f"{label} raised {call['error'].splitlines()[0]}")
                         continue
                     seen = {k: v for k, v in rank_inputs(inputs, case.per_rank, rank).items() if k not in inplace}
-                    changed = _inputs_changed(seen, call.get("inputs_after", {}))
+                    changed = _inputs_changed(seen, call.get("inputs_after", {}), digests)
                     if changed:
                         mism.append(f"{label} mutated input(s) {', '.join(changed)}")
                     lines = _compare(task, ref, inputs, case.kwargs, call.get("outputs", {}), want)

@@ -165,12 +165,15 @@ def run_guards_phase(repo_root: Path, task: TaskSpec, cand: Candidate, *, device
     Raises:
         RuntimeError: the judged tree could not be made (git's reason in the message).
     """
-    from workbench.heap import keep_freed_memory
+    from workbench.heap import give_back_freed_memory, keep_freed_memory
 
     keep_freed_memory()  # the guards' large tensors are reused, not re-faulted (workbench/heap.py)
     ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
                        candidate_commit=cand.candidate_commit, device=device, seed=seed)
-    verdicts = run_guards(ctx, guards)
+    try:
+        verdicts = run_guards(ctx, guards)
+    finally:
+        give_back_freed_memory()  # a long-lived judging process does not keep its largest judgment's heap
     trace: list[dict] = []
     for calls in (ctx.artifacts.traces or {}).values():
         for call in calls:

@@ -321,34 +321,33 @@ def test_inputs_unchanged_is_bitwise():
     assert _inputs_changed({"x": half}, {"x": half}) == ["x"]  # a tensor is not a digest: never trusted as one
 
 
-def test_input_digest_memo_never_serves_a_stale_digest():
-    """The digest of an input is computed once per tensor, and again after an in-place change or for another
-    tensor: an input the judge changed between two calls' checks is never compared with its old digest."""
+def test_input_digest_memo_is_per_case_and_sees_in_place_changes():
+    """An input's digest is computed once per tensor and memo (one case's calls), and again after an in-place
+    change: an input changed between two calls' checks is never compared with its old digest."""
     import torch
 
     from guards import correctness
     from guards._protocol import tensor_digest
 
+    memo: dict = {}
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    first = correctness.input_digest(x)
+    first = correctness.input_digest(x, memo)
     assert first == tensor_digest(x)
-    assert correctness.input_digest(x) is first  # memoised: the same dict, not hashed again
-    x[1, 2] = -0.0 if x[1, 2] == 0 else 0.0  # in place: the version counter moves
-    changed = correctness.input_digest(x)
+    assert correctness.input_digest(x, memo) is first  # memoised: the same dict, not hashed again
+    x[1, 2] = -1.0  # in place: the version counter moves
+    changed = correctness.input_digest(x, memo)
     assert changed == tensor_digest(x) and changed["sha256"] != first["sha256"]
-    assert correctness._inputs_changed({"x": x}, {"x": first}) == ["x"]
-    y = x.clone()  # same bits, another object: its own entry
-    assert correctness.input_digest(y) == changed and id(y) in correctness._DIGESTS
-    addr = id(y)
-    del y  # the memo holds it weakly: the entry is dead, never served for a new object at that address
-    assert correctness._DIGESTS[addr][0]() is None
-    z = torch.ones(3, 4)
-    assert correctness.input_digest(z) == tensor_digest(z)
+    assert correctness._inputs_changed({"x": x}, {"x": first}, memo) == ["x"]
+    assert correctness._inputs_changed({"x": x}, {"x": changed}, memo) == []
+    y = x.clone()  # same bits, another object: its own entry, the same digest
+    assert correctness.input_digest(y, memo) == changed and memo[id(y)][0] is y
+    assert correctness.input_digest(x, {}) == changed  # another case's memo starts empty
 
 
 def test_judge_heap_keeps_freed_blocks_for_reuse():
     """After :func:`workbench.heap.keep_freed_memory`, a freed 64 MiB tensor's pages are reused by the next one
-    (a few page faults) instead of being mapped and faulted in again (one per 4 KiB page)."""
+    (a few page faults) instead of being mapped and faulted in again (one per 4 KiB page), and
+    :func:`workbench.heap.give_back_freed_memory` returns them to the OS (the end of a judgment)."""
     import resource
     import subprocess
     import sys
@@ -363,18 +362,25 @@ def test_judge_heap_keeps_freed_blocks_for_reuse():
             "twenty()\n"  # the heap grows once (its first pages fault in either way)
             "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "twenty()\n"
-            "print(ok, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)\n")
+            "faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0\n"
+            "from workbench.heap import give_back_freed_memory\n"
+            "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * resource.getpagesize() >> 20\n"
+            "held = rss()\n"
+            "give_back_freed_memory()\n"
+            "print(ok, faults, held - rss())\n")
     out = {}
     for mode in ("default", "keep"):
         p = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
-        flag, faults = p.stdout.split()
-        out[mode] = (flag, int(faults))
+        flag, faults, returned_mib = p.stdout.split()
+        out[mode] = (flag, int(faults), int(returned_mib))
     if out["keep"][0] != "True":
         pytest.skip(f"no glibc mallopt here: {out}")
     pages = (64 << 20) // resource.getpagesize()  # of one tensor
-    assert out["default"][1] >= 20 * pages // 2, out  # glibc's default: every tensor faulted in again
+    if out["default"][1] < 20 * pages // 2:  # transparent huge pages: few faults either way
+        pytest.skip(f"the default allocator faults few pages here (huge pages?): {out}")
     assert out["keep"][1] < pages // 4, out  # the pages of the first round are reused
+    assert out["keep"][2] >= 32, out  # give_back_freed_memory returns the kept 64 MiB block (MiB of RSS)
 
 
 @pytest.mark.slow

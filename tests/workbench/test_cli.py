@@ -105,7 +105,7 @@ def test_git_repo_that_is_not_a_workbench_checkout(tmp_path):
 @pytest.mark.slow
 def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
     """The good fixture is merged at the base (as on main): selftest judges a fixture against the standard
-    path on a fixture base that sets the merged kernel aside, says so, and queues nothing.
+    path on a fixture base that sets the merged kernel aside, and says so.
 
     The fixture judged here is a bad one the audit rejects (seconds, in parallel with other tests): that
     the merged good fixture itself is accepted on such a base is judged by tests/workbench/test_fixtures_e2e.py
@@ -126,7 +126,6 @@ def test_selftest_judges_a_merged_fixture_on_a_fixture_base(fresh_repo):
     assert f"baseline: the moe_dispatch kernel merged at {head[:10]}" in out
     assert "this fixture is judged against the standard path, on fixture base" in out
     assert "1 as expected" in out
-    assert "queued" not in p.stderr.replace("not queued", "")
 
 
 def test_tables_are_not_truncated_when_piped(project_repo):
