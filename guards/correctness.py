@@ -79,7 +79,8 @@ def _compare(task, ref, inputs: dict[str, Any], kwargs: dict[str, Any], got: dic
     return generic_check(task, got, want)
 
 
-def graph_mismatches(task, ref, case, result: dict[str, Any], want_b: dict[str, Any], device: str) -> list[str]:
+def graph_mismatches(task, ref, case, result: dict[str, Any], want_b: dict[str, Any], device: str,
+                     digests: dict | None = None) -> list[str]:
     """Mismatch lines of a case's CUDA-graph replay (empty when it matches or is not wanted).
 
     The child (``guards/_child_main.py`` ``_graph_case``) captured the call on ``inputs_a``, copied
@@ -91,6 +92,7 @@ def graph_mismatches(task, ref, case, result: dict[str, Any], want_b: dict[str, 
         result: the child's result of the case (``calls``, and ``graph`` when it replayed).
         want_b: the reference outputs on ``case.inputs_b``.
         device: the run's device (nothing is wanted off CUDA).
+        digests: the case's input digests memo (:func:`input_digest`; its eager calls computed ``inputs_b``'s).
 
     Returns:
         Lines that start with ``[graph_replay]`` and name :data:`GRAPH_HINT`.
@@ -110,7 +112,7 @@ def graph_mismatches(task, ref, case, result: dict[str, Any], want_b: dict[str, 
     inplace = {k for k, o in task.outputs.items() if o.inplace}
     out = []
     seen = {k: v for k, v in case.inputs_b.items() if k not in inplace}
-    changed = _inputs_changed(seen, g.get("inputs_after", {}))
+    changed = _inputs_changed(seen, g.get("inputs_after", {}), digests)
     if changed:
         out.append(f"[graph_replay] the CUDA-graph replay mutated input(s) {', '.join(changed)}")
     lines = _compare(task, ref, case.inputs_b, case.kwargs, g.get("outputs", {}), want_b)
@@ -325,7 +327,7 @@ class CorrectnessGuard:
                     lines = _compare(task, ref, inputs, case.kwargs, call.get("outputs", {}), want)
                     mism += [f"{label} {m}" for m in lines]
             if case.world_size == 1:
-                mism += graph_mismatches(task, ref, case, ranks[0], want_b, device)
+                mism += graph_mismatches(task, ref, case, ranks[0], want_b, device, digests)
             if case.twin is not None:
                 mism += self._relation_lines(task, ref, case, ranks)
             for i in range(3):

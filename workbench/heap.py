@@ -38,6 +38,8 @@ TOP_PAD_BYTES = 64 << 20
 """Extra bytes asked of the OS each time the heap grows (fewer, larger ``brk`` calls)."""
 
 _applied: bool | None = None
+_libc = None
+"""The C library whose ``mallopt`` took the settings (``malloc_trim`` is called on the same one)."""
 
 
 def keep_freed_memory() -> bool:
@@ -49,7 +51,7 @@ def keep_freed_memory() -> bool:
         outcome is logged once at INFO, and nothing raises. :func:`give_back_freed_memory` returns the
         kept memory at the end of a judgment.
     """
-    global _applied
+    global _applied, _libc
     if _applied is not None:
         return _applied
     _applied = False
@@ -72,7 +74,7 @@ def keep_freed_memory() -> bool:
     refused = [p for p, v in ((M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES), (M_TOP_PAD, TOP_PAD_BYTES)) if mallopt(p, v) != 1]
     if refused:
         logger.info("judge heap: mallopt refused parameter(s) %s (kept at their defaults)", refused)
-    _applied = True
+    _applied, _libc = True, libc
     logger.info("judge heap: freed blocks up to %d MiB are kept for reuse (mmap and trim thresholds)",
                 MMAP_THRESHOLD_BYTES >> 20)
     return True
@@ -85,7 +87,8 @@ def give_back_freed_memory() -> None:
     review). Nothing when the settings are not in force."""
     if not _applied:
         return
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError) as exc:  # pragma: no cover - glibc has it whenever mallopt worked
-        logger.info("judge heap: malloc_trim unavailable (%s)", exc)
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is None:  # pragma: no cover - glibc has it whenever mallopt took the settings
+        logger.info("judge heap: no malloc_trim in the C library; freed memory stays with the process")
+        return
+    trim(0)
