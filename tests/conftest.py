@@ -8,13 +8,17 @@ import copy
 import dataclasses
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests import machine_state
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _IGNORE = shutil.ignore_patterns(".git", ".workbench", "__pycache__", ".pytest_cache", "*.egg-info", ".device",
@@ -88,8 +92,13 @@ def fresh_repo(tmp_path) -> Path:
 LOCK_WAIT_S = 1200.0
 """Longest wait for a machine lock (seconds): past it the test fails instead of hanging CI."""
 
-_held: dict[str, object] = {}
-"""This worker's open lock files while a test runs: ``dir`` and the shared ``machine`` hold."""
+# This worker's lock state lives in tests/machine_state.py: pytest loads this file as the module
+# ``conftest``, while test modules import its helpers (``expecting_gain``, ``released_share``) from
+# ``tests.conftest``, a second module object with globals of its own.
+_held = machine_state.held
+_waits = machine_state.waits
+LOCK_LOG = "lock-times.jsonl"
+"""In the shared lock folder: one line per test with its lock times (summed in the terminal summary)."""
 
 
 def _shared_dir(factory: pytest.TempPathFactory) -> Path:
@@ -116,12 +125,14 @@ def _flock(f, mode: int) -> None:
 
 
 def _through_turnstile(d: Path, machine, mode: int) -> None:
+    t0 = time.monotonic()
     with open(d / "turnstile", "a+") as turnstile:
         _flock(turnstile, fcntl.LOCK_EX)
         try:
             _flock(machine, mode)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+    _waits["shared_wait_s"] = _waits.get("shared_wait_s", 0.0) + time.monotonic() - t0
 
 
 @contextlib.contextmanager
@@ -136,15 +147,19 @@ def _exclusive(d: Path) -> Iterator[None]:
         fcntl.flock(held, fcntl.LOCK_UN)
     try:
         with open(d / "turnstile", "a+") as turnstile, open(d / "machine", "a+") as machine:
+            t0 = time.monotonic()
             _flock(turnstile, fcntl.LOCK_EX)  # shut: tests that start now wait until this ends
             try:
                 _flock(machine, fcntl.LOCK_EX)
                 _held["exclusive"] = True
+                t1 = time.monotonic()
                 try:
                     yield
                 finally:
                     _held.pop("exclusive", None)
                     fcntl.flock(machine, fcntl.LOCK_UN)
+                    _waits["exclusive_wait_s"] = _waits.get("exclusive_wait_s", 0.0) + t1 - t0
+                    _waits["exclusive_held_s"] = _waits.get("exclusive_held_s", 0.0) + time.monotonic() - t1
             finally:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
     finally:
@@ -204,21 +219,45 @@ def _machine_share(request, tmp_path_factory) -> Iterator[None]:
         return
     d = _shared_dir(tmp_path_factory)
     quiet = request.node.get_closest_marker("quiet")
-    if quiet is not None and quiet.kwargs.get("whole"):
-        with _exclusive(d):
-            yield
+    try:
+        if quiet is not None and quiet.kwargs.get("whole"):
+            with _exclusive(d):
+                yield
+            return
+        with open(d / "machine", "a+") as machine:
+            _through_turnstile(d, machine, fcntl.LOCK_SH)
+            _held.update(machine=machine, dir=d)
+            if quiet is not None:
+                _held["gain"] = True
+            try:
+                yield
+            finally:
+                for k in ("machine", "dir", "gain"):
+                    _held.pop(k, None)
+                fcntl.flock(machine, fcntl.LOCK_UN)
+    finally:
+        line = {"test": request.node.nodeid, "quiet": quiet is not None, **{k: round(v, 2) for k, v in _waits.items()}}
+        _waits.clear()
+        with open(d / LOCK_LOG, "a") as log:  # one short write per line: lines of two workers do not mix
+            log.write(json.dumps(line) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """Under pytest-xdist, one line on what the machine locks cost: the time tests waited for them and held
+    the machine alone (a core idles meanwhile), to see what the ``quiet`` tests cost the suite's wall time."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(config, "_tmp_path_factory"):
         return
-    with open(d / "machine", "a+") as machine:
-        _through_turnstile(d, machine, fcntl.LOCK_SH)
-        _held.update(machine=machine, dir=d)
-        if quiet is not None:
-            _held["gain"] = True
-        try:
-            yield
-        finally:
-            for k in ("machine", "dir", "gain"):
-                _held.pop(k, None)
-            fcntl.flock(machine, fcntl.LOCK_UN)
+    log = config._tmp_path_factory.getbasetemp() / "machine-locks" / LOCK_LOG
+    if not log.is_file():
+        return
+    rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    tot = {k: sum(r.get(k, 0.0) for r in rows) for k in ("shared_wait_s", "exclusive_wait_s", "exclusive_held_s")}
+    worst = sorted(rows, key=lambda r: -(r.get("exclusive_wait_s", 0.0) + r.get("shared_wait_s", 0.0)))[:3]
+    terminalreporter.write_line(
+        f"machine locks: {len(rows)} tests waited {tot['shared_wait_s']:.0f} s at the turnstile; "
+        f"{sum(r['quiet'] for r in rows)} quiet tests waited {tot['exclusive_wait_s']:.0f} s for the machine and held it "
+        f"alone {tot['exclusive_held_s']:.0f} s; longest waits: "
+        + ", ".join(f"{r['test']} {r.get('exclusive_wait_s', 0.0) + r.get('shared_wait_s', 0.0):.0f} s" for r in worst))
 
 
 SLOW_FIXTURES = frozenset({"template_repo", "cpu_run"})
@@ -261,8 +300,7 @@ k3_moe_dispatch perf-slower, seed 5, measured alone on the 2-core machine, 2026-
 judge float32 only: the bfloat16 leg (two more children, ~25-60 s on the loaded 2-core CI machine) is
 judged by the model eval's own tests.
 Tests of the model eval itself (``model_eval`` in the test id: its own tests, the ``model_eval-*``
-fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults; so does
-``workbench demo`` in CI, which judges the good fixture through the CLI at the defaults. The CLI's
+fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults. The CLI's
 subprocess tests (tests/workbench/test_cli.py ``wb``) pass these lengths on: they test the CLI's contract."""
 
 

@@ -23,7 +23,7 @@ def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.Com
     # for a judgment that reaches the model eval (suite_model_eval), the suite's model-eval lengths
     # (SUITE_MODEL_EVAL): these tests are about the CLI's contract (exit codes, printed lines, the recorded
     # seed, the fixture base); the model eval at its default lengths and both dtypes is judged by its own
-    # tests and, through this same CLI on this same good fixture, by `workbench demo` in CI. (A run records
+    # tests (tests/guards/test_model_eval.py) and the exploit corpus. (A run records
     # such settings in its reproduce command, so the tests of that command run without them.)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_") or k == "WORKBENCH_JUDGINGS"}
     if suite_model_eval:
