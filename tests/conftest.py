@@ -268,13 +268,16 @@ use on a worker costs 30-160 s on the 2-core machine), so the quick tier never b
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Tests that use a :data:`SLOW_FIXTURES` fixture are marked ``slow``; ``slow`` tests first (long jobs
-    start early and quick ones fill the gaps at the end, so pytest-xdist workers finish together); ``gpu``
-    tests skip by themselves on a machine without CUDA."""
+    """Tests that use a :data:`SLOW_FIXTURES` fixture are marked ``slow``. Order: ``quiet`` tests, then the
+    other ``slow`` ones, then the rest (stable: file order within each). Long jobs start early and quick ones
+    fill the gaps at the end, so pytest-xdist workers finish together; and a quiet test's timing waits for
+    the other worker's running test to end, which at the start of a session (``--dist worksteal`` hands
+    the first worker the front of this list and the second the back, all quick tests) is a quick one.
+    ``gpu`` tests skip by themselves on a machine without CUDA."""
     for it in items:
         if SLOW_FIXTURES & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.slow)
-    items.sort(key=lambda it: it.get_closest_marker("slow") is None)  # stable: file order within each
+    items.sort(key=lambda it: 0 if it.get_closest_marker("quiet") else 1 if it.get_closest_marker("slow") else 2)
     gpu = [it for it in items if it.get_closest_marker("gpu") is not None]
     if not gpu:
         return
