@@ -9,15 +9,12 @@ Source: tasks/k3_small_m_gemm/fixtures/bad/perf-fp32-tl-dot-slower-than-cublas (
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.tasks.triton_harness import cuda_modules, run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "tasks" / "k3_small_m_gemm"
@@ -52,40 +49,14 @@ print(json.dumps(report))
 """
 
 
-def _tolerances() -> dict[str, dict[str, float]]:
-    from workbench.taskspec import load_task
-
-    tol = load_task(ROOT, "k3_small_m_gemm").correctness.tolerance
-    return {k: {"rtol": v.rtol, "atol": v.atol} for k, v in tol.items()}
-
-
 def test_every_input_case_matches_the_reference_under_the_interpreter(tmp_path):
-    pytest.importorskip("triton")
-    script = tmp_path / "run.py"
-    script.write_text(_SCRIPT)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, str(script), str(KERNEL), str(TASK / "inputs.py"), str(TASK / "reference.py"),
-                          json.dumps(INTERPRETED), json.dumps(_tolerances())],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(report) == len(INTERPRETED)
+    report = run_interpreted(tmp_path, _SCRIPT, KERNEL, "k3_small_m_gemm", INTERPRETED)
     assert any(r["split"][0] > 1 for r in report)  # the split-K reduction ran
     assert [r for r in report if r["msgs"]] == []
 
 
 def _cuda_modules():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    pytest.importorskip("triton")
-
-    def load(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        m = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(m)
-        return m
-
-    return load("_gemm_tg", KERNEL), load("_gemm_inp", TASK / "inputs.py"), load("_gemm_ref", TASK / "reference.py")
+    return cuda_modules("_gemm", KERNEL, "k3_small_m_gemm")
 
 
 @pytest.mark.gpu
