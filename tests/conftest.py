@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -101,11 +101,17 @@ LOCK_LOG = "lock-times.jsonl"
 """In the shared lock folder: one line per test with its lock times (summed in the terminal summary)."""
 
 
-def _shared_dir(factory: pytest.TempPathFactory) -> Path:
+def shared_session_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+    """The folder ``name`` that every pytest-xdist worker of this session shares (beside the workers' own
+    base temp dirs; without xdist, in the session's base temp dir), created if missing."""
     base = factory.getbasetemp()
-    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "machine-locks"
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def _shared_dir(factory: pytest.TempPathFactory) -> Path:
+    return shared_session_dir(factory, "machine-locks")
 
 
 def _flock(f, mode: int) -> None:
@@ -180,6 +186,28 @@ def released_share() -> Iterator[None]:
         yield
     finally:
         _through_turnstile(d, held, fcntl.LOCK_SH)
+
+
+def once_per_session(path: Path, make: Callable[[], dict]) -> dict:
+    """``make()``'s result (a JSON-able dict), computed by the first worker to ask and read back from ``path``
+    by every later asker, under a file lock. A waiting worker gives up its machine share meanwhile (the one
+    computing may need the machine alone to time). An exception of ``make`` is stored as
+    ``{"error": "<type>: <text>"}`` and returned to every asker, so none computes it again."""
+    import filelock
+
+    lock = filelock.FileLock(str(path) + ".lock")
+    with released_share():
+        lock.acquire()
+    try:
+        if not path.exists():
+            try:
+                data = make()
+            except Exception as exc:  # reported by every test that asks
+                data = {"error": f"{type(exc).__name__}: {exc}"}
+            path.write_text(json.dumps(data))
+        return json.loads(path.read_text())
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -316,9 +344,14 @@ def _suite_model_eval(request, monkeypatch) -> None:
         if "WORKBENCH_MODEL_EVAL_DTYPES" not in os.environ:
             monkeypatch.setenv("WORKBENCH_MODEL_EVAL_DTYPES", "float32")
         return
+    use_suite_model_eval(monkeypatch)
+
+
+def use_suite_model_eval(mp: pytest.MonkeyPatch) -> None:
+    """Set the :data:`SUITE_MODEL_EVAL` lengths through ``mp``, except those the environment sets already."""
     for k, v in SUITE_MODEL_EVAL.items():
         if k not in os.environ:
-            monkeypatch.setenv(k, v)
+            mp.setenv(k, v)
 
 
 @pytest.fixture(autouse=True)

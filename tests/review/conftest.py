@@ -7,17 +7,20 @@ then gets its own copy of that repository so merges never leak between tests.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import filelock
 import pytest
 from review_helpers import REVIEWER, Repo, fresh_postgres_db, git
 
-from tests.conftest import SUITE_MODEL_EVAL, expecting_gain, released_share, set_aside_merged_kernels
+from tests.conftest import (
+    expecting_gain,
+    once_per_session,
+    set_aside_merged_kernels,
+    shared_session_dir,
+    use_suite_model_eval,
+)
 
 PROJECT = Path(__file__).resolve().parents[2]
 TASK = "k3_moe_dispatch"
@@ -39,9 +42,7 @@ def _build_template(root: Path) -> tuple[Path, Path]:
         git(root, "commit", "-qm", "test base: the merged kernels set aside")
     # the queue is the subject here, not the model eval: the suite's shorter lengths (tests/conftest.py)
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in SUITE_MODEL_EVAL.items():
-            if k not in os.environ:
-                mp.setenv(k, v)
+        use_suite_model_eval(mp)
         with expecting_gain():  # the accept rests on a CPU perf gain
             good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
         assert good.accepted, [v.one_line() for v in good.verdicts]
@@ -55,24 +56,13 @@ def template_repo(tmp_path_factory) -> Repo:
     """Built once per test session, however the tests are spread over pytest-xdist workers: the first
     worker to ask builds it in a folder they all share, under a file lock (a judgment in full costs
     1-3 minutes on the 2-core machine); every test copies it (``repo``), so none writes to it."""
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "review-template"
-    shared.mkdir(parents=True, exist_ok=True)
-    root, done = shared / "repo", shared / "built.json"
-    lock = filelock.FileLock(str(shared / "build.lock"))
-    with released_share():  # the worker building it needs the machine to time the good fixture
-        lock.acquire()
-    try:
-        if not done.exists():
-            try:
-                good_path, bad_path = _build_template(root)
-                data = {"accepted": str(good_path), "rejected": str(bad_path)}
-            except BaseException as exc:  # every worker's tests report it, none builds again
-                data = {"error": f"{type(exc).__name__}: {exc}"}
-            done.write_text(json.dumps(data))
-        data = json.loads(done.read_text())
-    finally:
-        lock.release()
+    root = shared_session_dir(tmp_path_factory, "review-template") / "repo"
+
+    def build() -> dict:
+        good_path, bad_path = _build_template(root)
+        return {"accepted": str(good_path), "rejected": str(bad_path)}
+
+    data = once_per_session(root.with_name("built.json"), build)
     if "error" in data:
         raise RuntimeError(f"building the review template repository failed: {data['error']}")
     return Repo(root, Path(data["accepted"]), Path(data["rejected"]))
