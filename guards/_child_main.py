@@ -546,8 +546,42 @@ def _send(fd: int, nonce: bytes, response) -> None:
     os.close(fd)
 
 
+def _model_eval_speculative(req, model):
+    """Speculative decoding of K3-mini (``k3_model.decode.generate_speculative``), the model on the standard
+    path and the draft verification on ``req["decode_backend"]``; see guards/model_eval.py, "Speculative
+    decoding". Without ``req["reference"]`` (the standard child) the greedy reference continuation is made
+    here first, by ``generate`` on the standard path with its greedy choice over bf16-rounded logits."""
+    import torch
+
+    from k3_model.decode import SyntheticDrafter, generate, generate_speculative
+
+    s, sp = req["settings"], req["speculative"]
+    prompts, D = req["prompts"], sp["draft_tokens"]
+    logits_dtype = getattr(torch, sp["logits_dtype"])
+    reference = req.get("reference")
+    if reference is None:
+        reference = generate(model, prompts, s["generate_tokens"] + D, prefill_chunk=s["prefill_chunk"],
+                             page_tokens=s["page_tokens"], greedy_logits_dtype=logits_dtype).tokens
+    res = generate_speculative(
+        model, prompts, s["generate_tokens"], drafter=SyntheticDrafter(reference, sp["acceptance_length"],
+                                                                       model.text.vocab_size),
+        num_draft_tokens=D, temperature=torch.tensor(sp["temperature"], dtype=torch.float32),
+        top_k=torch.tensor(sp["top_k"], dtype=torch.int32), top_p=torch.tensor(sp["top_p"], dtype=torch.float32),
+        seed=sp["seed"], decode_backend="standard", verify_backend=req["decode_backend"], logits_dtype=logits_dtype,
+        prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])
+    impls: dict[str, int] = {}
+    for st in res.steps:
+        if st["phase"] == "decode":
+            for k, v in st["implementations"].items():
+                impls[k] = impls.get(k, 0) + v
+    return {"reference": reference, "tokens": res.tokens, "accepted": res.accepted, "emitted": res.emitted,
+            "verify_implementations": res.verify_implementations, "implementations": {"decode": impls},
+            "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
+
+
 def _model_eval(req):
-    """Run the standalone K3-mini decode loop (``k3_model.decode.generate``) once; see guards/model_eval.py."""
+    """Run the standalone K3-mini decode loop (``k3_model.decode.generate``) once, or its speculative form
+    (``req["speculative"]``); see guards/model_eval.py."""
     import torch
 
     from k3_model.decode import generate
@@ -558,6 +592,8 @@ def _model_eval(req):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[req.get("dtype", "float32")]
     model = K3Model(cfg, random_weights(cfg, req["weights_seed"]), dtype=dtype, device=req["device"])
     s = req["settings"]
+    if req.get("speculative"):
+        return _model_eval_speculative(req, model)
     # a worktree whose k3_model predates routing records (a candidate on an older base) runs without them:
     # the guard then excuses no routing near tie (guards/model_eval.py, "Routing near ties")
     record = {"record_routing": True} if req.get("record_routing") and "record_routing" in inspect.signature(

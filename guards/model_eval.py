@@ -19,7 +19,7 @@ margin is at least ``tie_margin`` (a flip a legitimate rounding difference canno
 (b) any step's log-prob differs by more than ``max_logprob_drift``, or (c) the candidate crashes
 inside the model, or (d) in bfloat16, a greedy flip at a margin the A/A runs never show (see
 "bfloat16" below). SKIP when the model never calls the task's op (``k3_model.model.DISPATCHED_OPS``, checked against
-every run's trace; the reason says so) or when the
+every run's trace; the reason says so; ``dspark_verify`` is judged in speculative decoding, below) or when the
 candidate's kernel never ran inside the model (its declared scope excludes the model's decode
 batches on this device).
 
@@ -51,6 +51,26 @@ only swaps experts whose **standard** scores are within :data:`ROUTING_TIE_MARGI
 on tokens 0..j and its comparison ends there (evidence ``routing_near_ties``; the verdict says so). Any other
 routing difference is named in the FAIL. The excuse rests on the standard child's scores, which no candidate
 code computes, so a candidate cannot create a near tie; it can only lose coverage of the sequence after one.
+
+**Speculative decoding** (tasks whose op the decode loop calls, ``k3_model.model.SPECULATIVE_OPS``:
+``dspark_verify``). K3-mini decodes speculatively (:func:`k3_model.decode.generate_speculative`): each
+verification step runs the model on every request's last token and its :data:`SPEC_DRAFT_TOKENS` drafts
+(the MoE routing sees R x 8 rows; KDA runs the 8 tokens as ``kda_decode`` steps and keeps the state after
+each), verifies them with ``dspark_verify`` on the logits rounded to :data:`SPEC_LOGITS_DTYPE`, and rolls
+each request's caches back to the tokens it kept. The drafter is synthetic: its first
+:data:`SPEC_ACCEPTANCE_LENGTH` - 1 drafts are the standard path's greedy tokens and the rest are wrong, so a
+greedy request emits exactly that many tokens a step (the seed's "synthetic AL = 6"); the batch mixes two
+greedy and two sampled requests (:data:`SPEC_TEMPERATURE`, top-k, top-p), whose accept tests and recovered
+and bonus tokens come from random draws that are inputs of the op. The standard child first makes the
+greedy reference continuation (:func:`k3_model.decode.generate`, greedy over bf16-rounded logits), then
+decodes speculatively with the standard verification; the candidate child decodes the same way with the
+candidate's verification. The model itself runs on the standard path in both children, so their logits
+agree bit for bit and every step's accepted count and every emitted token must agree exactly (the op's
+contract is exact, kernel_targets.md §2): the first difference FAILs, naming the step and the request. SKIP
+when the candidate's kernel never ran (its scope excludes these batches). The lengths are the float32
+leg's own (``spec_context_tokens`` = 192, ``spec_generate_tokens`` = 64, :data:`SPEC_PREFILL_CHUNK`,
+:data:`SPEC_PAGE_TOKENS`): short, as the op reads only the logits; the float32 model, its logits rounded to bf16.
+The bfloat16 and vLLM legs are not run for these ops.
 
 **Through vLLM** (``ModelEvalSettings.vllm``: ``off`` by default, ``on`` with ``--model-eval-vllm`` or
 ``WORKBENCH_MODEL_EVAL_VLLM=on``, ``only`` for the vLLM leg alone). After a standalone PASS, K3-mini is
@@ -134,6 +154,28 @@ BF16_PAGE_TOKENS = 64
 BF16_SAFETY = 2.0
 """``bf16_tie_margin`` is this many times the largest A/A flip margin (dimensionless; module docstring,
 "bfloat16"). Source: bench/model_eval_calibration.py, bench/results/cpu/model_eval_bf16_calibration.json."""
+
+
+SPEC_DRAFT_TOKENS = 7
+"""Draft tokens per request per verification step in the speculative leg (K3's DSpark: 7; seed)."""
+SPEC_ACCEPTANCE_LENGTH = 6
+"""The synthetic drafter's acceptance length on greedy requests (the seed's "synthetic AL = 6")."""
+SPEC_TEMPERATURE = (0.0, 0.3, 0.0, 0.8)
+"""Per-request temperature of the speculative leg's batch: two greedy requests (the synthetic acceptance
+length) and two sampled ones: at 0.3 a request follows the greedy drafts for a few tokens (sampled accepts),
+at 0.8 it leaves them at once (rejections, recovered and bonus tokens drawn from the draws)."""
+SPEC_TOP_K = (0, 0, 0, 50)
+"""Per-request top-k (0 = off) of the speculative leg."""
+SPEC_TOP_P = (1.0, 0.9, 1.0, 1.0)
+"""Per-request top-p (1.0 = off) of the speculative leg."""
+SPEC_PREFILL_CHUNK = 64
+"""Prompt tokens per prefill forward in the speculative leg (tokens): its short prompt still hands the KDA
+state over between chunks."""
+SPEC_PAGE_TOKENS = 64
+"""MLA cache page of the speculative leg (tokens): its decode crosses into new pages."""
+SPEC_LOGITS_DTYPE = "bfloat16"
+"""Dtype the verification receives the target logits in: bf16, as the served model emits them and as
+``tasks/k3_dspark_verify/task.toml`` declares ``target_logits``."""
 
 
 ROUTING_TIE_MARGIN = 1e-5
@@ -233,6 +275,8 @@ class ModelEvalSettings:
         bf16_later_tie_margin: the same for every later teacher-forced flip of a sequence (nats).
         bf16_max_flip_fraction: the largest fraction of one sequence's teacher-forced bfloat16 steps that may
             flip, whatever the margins (ratio; A/A-calibrated).
+        spec_context_tokens: prompt length per request of the speculative leg (tokens; "Speculative decoding").
+        spec_generate_tokens: tokens emitted per request in the speculative leg.
         vllm: the vLLM leg (see "Through vLLM" in the module docstring): ``off`` (default: the standalone
             loop only, so the exploit corpus stays fast), ``on`` (standalone, then vLLM when it is
             importable and the device is CPU; the first FAIL stops), ``only`` (the vLLM leg alone).
@@ -252,6 +296,8 @@ class ModelEvalSettings:
     bf16_tie_margin: float = envs.BF16_TIE_MARGIN_DEFAULT
     bf16_later_tie_margin: float = envs.BF16_LATER_TIE_MARGIN_DEFAULT
     bf16_max_flip_fraction: float = envs.BF16_MAX_FLIP_FRACTION_DEFAULT
+    spec_context_tokens: int = 192
+    spec_generate_tokens: int = 64
     vllm: str = "off"
 
     @classmethod
@@ -283,6 +329,9 @@ class ModelEvalSettings:
         if min(self.bf16_context_tokens, self.bf16_generate_tokens) < 1 or min(self.bf16_tie_margin,
                                                                                 self.bf16_later_tie_margin) < 0:
             raise ValueError(f"model_eval settings: bf16 lengths must be >= 1 and bf16_tie_margin >= 0; got {self}.")
+        if min(self.spec_context_tokens, self.spec_generate_tokens) < 1:
+            raise ValueError(f"model_eval settings: spec_context_tokens and spec_generate_tokens must be >= 1; got "
+                             f"{self.spec_context_tokens}, {self.spec_generate_tokens}.")
         if self.vllm not in VLLM_MODES:
             raise ValueError(f"model_eval settings: vllm={self.vllm!r}; expected one of {', '.join(VLLM_MODES)}.")
         if min(self.batch, self.context_tokens, self.generate_tokens, self.prefill_chunk, self.page_tokens) < 1:
@@ -327,8 +376,10 @@ class ModelEvalGuard:
         s = self.settings or ModelEvalSettings.from_env()
         s.validate()
         from k3_model.hf_config import k3_mini_hf_config  # trusted: the workbench's own checkout
-        from k3_model.model import DISPATCHED_OPS
+        from k3_model.model import DISPATCHED_OPS, SPECULATIVE_OPS
 
+        if ctx.task.op in SPECULATIVE_OPS:
+            return self._speculative(ctx, s)
         if ctx.task.op not in DISPATCHED_OPS:
             return Verdict(guard=self.name, status=Status.SKIP,
                            summary=f"K3-mini never calls op {ctx.task.op!r} (it dispatches {list(DISPATCHED_OPS)}), "
@@ -573,6 +624,98 @@ class ModelEvalGuard:
                                f"{float(drift.max()):.2g} nats, bound {s.max_logprob_drift:g}){ended}.",
                        evidence=tuple(ev))
 
+    # ---- speculative decoding ----------------------------------------------------------------------
+    def _speculative(self, ctx: GuardContext, s: ModelEvalSettings) -> Verdict:
+        """The speculative leg (module docstring, "Speculative decoding"): two children run
+        :func:`k3_model.decode.generate_speculative`, the model on the standard path in both, the draft
+        verification on the standard path, then on the candidate's; every step must agree exactly."""
+        import torch
+
+        from k3_model.hf_config import k3_mini_hf_config
+
+        bos = k3_mini_hf_config()["bos_token_id"]
+        gen = torch.Generator().manual_seed(_seed(ctx.seed, "prompts-speculative"))
+        R = len(SPEC_TEMPERATURE)
+        prompts = torch.randint(0, bos, (R, s.spec_context_tokens), generator=gen)
+        sp = dataclasses.replace(s, context_tokens=s.spec_context_tokens, generate_tokens=s.spec_generate_tokens,
+                                 prefill_chunk=SPEC_PREFILL_CHUNK, page_tokens=SPEC_PAGE_TOKENS)
+        spec = {"draft_tokens": SPEC_DRAFT_TOKENS, "acceptance_length": SPEC_ACCEPTANCE_LENGTH,
+                "temperature": list(SPEC_TEMPERATURE), "top_k": list(SPEC_TOP_K), "top_p": list(SPEC_TOP_P),
+                "logits_dtype": SPEC_LOGITS_DTYPE, "seed": _seed(ctx.seed, "speculative-draws")}
+        wseed = _seed(ctx.seed, "weights")
+
+        def run(backend: str, reference=None):
+            request = {"mode": "model_eval", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
+                       "decode_backend": backend, "prompts": prompts, "weights_seed": wseed,
+                       "settings": dataclasses.asdict(sp), "dtype": "float32", "speculative": spec,
+                       "reference": reference}
+            progress.phase(f"K3-mini speculative decoding, verification on the "
+                           f"{'candidate' if backend == LS else 'standard'} path ({R} requests, D = "
+                           f"{SPEC_DRAFT_TOKENS}, {sp.generate_tokens} tokens each)")
+            return run_child(ctx.child_root, request, timeout_s=s.timeout_s,
+                             memory_bytes=ctx.task.timeouts.memory_bytes, device=ctx.device)
+
+        std_out = run("standard")
+        std = _model_eval_response(std_out)
+        if std is None or std.get("kernel_module_imported"):
+            why = ("it imported the candidate's kernel module" if std is not None else
+                   std_out.problem or str((std_out.response or {}).get("error", "")).strip()[:500])
+            raise RuntimeError(f"the standard-path speculative model run failed (no candidate code ran in it): {why} "
+                               f"{std_out.stderr_tail[-800:]}")
+        if not std["verify_implementations"]:
+            raise RuntimeError(f"k3_model.model.SPECULATIVE_OPS lists {ctx.task.op!r} but the standard speculative run "
+                               "never called it; fix the list or k3_model.decode.generate_speculative")
+        cand_out = run(LS, reference=std["reference"])
+        cand = _model_eval_response(cand_out)
+        greedy = [b for b, t in enumerate(SPEC_TEMPERATURE) if t == 0.0]
+        from k3_model.decode import acceptance_length
+
+        al = acceptance_length(std["accepted"])
+        ev = [Evidence(name="speculative_requests", value=R, unit="requests",
+                       path=f"temperatures {list(SPEC_TEMPERATURE)}, top-k {list(SPEC_TOP_K)}, top-p {list(SPEC_TOP_P)}"),
+              Evidence(name="draft_tokens", value=SPEC_DRAFT_TOKENS, unit="tokens per step"),
+              Evidence(name="synthetic_acceptance_length", value=SPEC_ACCEPTANCE_LENGTH, unit="tokens per step",
+                       path="greedy requests, while they follow the standard path's greedy tokens"),
+              Evidence(name="context_tokens", value=sp.context_tokens, unit="tokens"),
+              Evidence(name="generated_tokens", value=sp.generate_tokens, unit="tokens per request"),
+              Evidence(name="verification_steps", value=int(std["accepted"].shape[0]), unit="steps"),
+              Evidence(name="greedy_acceptance_length", value=round(float(al[greedy].mean()), 3),
+                       unit="tokens per step", path="standard run, mean over the greedy requests"),
+              Evidence(name="sampled_acceptance_length",
+                       value=round(float(al[[b for b in range(R) if b not in greedy]].mean()), 3),
+                       unit="tokens per step", path="standard run, mean over the sampled requests")]
+        if cand is None:
+            why = cand_out.problem or (str((cand_out.response or {}).get("error", "")).strip().splitlines() or [""])[0]
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"Speculative decoding with the candidate's verification did not complete: "
+                                   f"{why.rstrip('.')}.",
+                           evidence=(Evidence(name="child_problem", value=why),
+                                     Evidence(name="stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+        calls = int(cand["verify_implementations"].get(f"{ctx.task.op}:{LS}", 0))
+        ev.append(Evidence(name="candidate_verify_calls", value=calls, unit="count",
+                           path=f"of {sum(cand['verify_implementations'].values())} verification steps"))
+        ev.append(Evidence(name="child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s"))
+        if calls == 0:
+            return Verdict(guard=self.name, status=Status.SKIP,
+                           summary=f"The candidate's kernel never ran in speculative decoding on {ctx.device} (batches "
+                                   f"of {R} requests with {SPEC_LOGITS_DTYPE} logits outside its declared scope, or no "
+                                   "kernel merged); nothing to compare.", evidence=tuple(ev))
+        diff = first_speculative_difference(std, cand)
+        if diff is not None:
+            return Verdict(guard=self.name, status=Status.FAIL,
+                           summary=f"Speculative decoding parts from the standard path: {diff}. The model runs on the "
+                                   "standard path in both runs and the random draws are the same, so the "
+                                   "verification must emit the same tokens exactly.",
+                           evidence=tuple(ev))
+        return Verdict(guard=self.name, status=Status.PASS,
+                       summary=f"Speculative decoding with the candidate's verification emits the standard path's "
+                               f"tokens exactly: {int(std['accepted'].shape[0])} verification steps x {R} requests "
+                               f"(D = {SPEC_DRAFT_TOKENS}; greedy requests at acceptance length "
+                               f"{float(al[greedy].mean()):.2f}, sampled ones at "
+                               f"{float(al[[b for b in range(R) if b not in greedy]].mean()):.2f}) after a "
+                               f"{sp.context_tokens}-token context.",
+                       evidence=tuple(ev))
+
     # ---- the vLLM leg ------------------------------------------------------------------------------
     def _vllm_run(self, ctx: GuardContext, backend: str, prompts, checkpoint: Path, s: ModelEvalSettings):
         request = {"mode": "model_eval_vllm", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
@@ -673,6 +816,32 @@ class ModelEvalGuard:
                                f"{cmp.max_drift:.2g} nats, bound {s.max_logprob_drift:g}; kernel on {ls_steps} of "
                                f"{len(decode)} decode steps).",
                        evidence=tuple(ev))
+
+
+def first_speculative_difference(std: dict, cand: dict) -> str | None:
+    """Where two speculative runs first differ (a step's accepted count or emitted tokens), in words; None
+    when they agree on every step and token.
+
+    Args:
+        std, cand: child results with ``accepted`` (S, B) int64 and ``tokens`` (B, G) int64.
+    """
+    a, b = std["accepted"], cand["accepted"]
+    steps = min(a.shape[0], b.shape[0])
+    for i in range(steps):
+        for r in range(a.shape[1]):
+            if int(a[i, r]) != int(b[i, r]):
+                return (f"at verification step {i}, request {r} accepted {int(b[i, r])} draft(s) where the standard "
+                        f"path accepts {int(a[i, r])}")
+    if tuple(std["tokens"].shape) != tuple(cand["tokens"].shape):
+        return f"the runs emitted {tuple(cand['tokens'].shape)} tokens where the standard path emits {tuple(std['tokens'].shape)}"
+    wrong = (std["tokens"] != cand["tokens"]).nonzero()
+    if len(wrong):
+        r, g = (int(x) for x in wrong[0])
+        return (f"request {r} emits token {int(cand['tokens'][r, g])} at generated token {g} where the standard path "
+                f"emits {int(std['tokens'][r, g])}")
+    if a.shape[0] != b.shape[0]:
+        return f"the candidate's run took {b.shape[0]} verification steps, the standard path's {a.shape[0]}"
+    return None
 
 
 def vllm_unavailable(device: str) -> str | None:

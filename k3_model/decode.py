@@ -89,7 +89,8 @@ def _step(model: K3Model, tokens: torch.Tensor, cache: K3Cache, *, phase: str, d
 def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, decode_backend: str = "standard",
              temperature: float = 0.0, seed: int = 0, forced: torch.Tensor | None = None,
              prefill_chunk: int = DEFAULT_PREFILL_CHUNK, page_tokens: int = DEFAULT_PAGE_TOKENS,
-             max_tokens: int | None = None, record_routing: bool = False) -> GenerationResult:
+             max_tokens: int | None = None, record_routing: bool = False,
+             greedy_logits_dtype: torch.dtype | None = None) -> GenerationResult:
     """Prefill ``prompts`` then generate ``max_new_tokens`` per sequence.
 
     Args:
@@ -105,6 +106,9 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
             max_position_embeddings).
         record_routing: keep every decode step's MoE routing (:attr:`GenerationResult.routing_scores`,
             ``routing_ids``; :func:`k3_model.layers.record_routing`).
+        greedy_logits_dtype: round the logits to this dtype for the greedy choice (:attr:`GenerationResult.argmax`
+            and the tokens of greedy generation; lowest id on ties), as a verification over bf16 logits
+            chooses (:func:`generate_speculative`); default the fp32 logits. Log-probs stay fp32.
 
     Returns:
         A :class:`GenerationResult` (log-probs of the temperature-1 distribution, i.e. of the model).
@@ -137,7 +141,7 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
         check_finite(f"generate: logits at new token {g}", last)
         logp = torch.log_softmax(last.float(), dim=-1)
         top2 = torch.topk(last.float(), 2, dim=-1).values
-        choice = logp.argmax(-1)
+        choice = logp.argmax(-1) if greedy_logits_dtype is None else last.to(greedy_logits_dtype).argmax(-1)
         if forced is not None:
             nxt = forced[:, g].to(dev, torch.int64)
         elif temperature > 0:
@@ -160,6 +164,253 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
         res.routing_scores = torch.stack([torch.stack([r.scores for r in log], 1) for log in routed], 1)
         res.routing_ids = torch.stack([torch.stack([r.ids for r in log], 1) for log in routed], 1)
     return res
+
+
+class SyntheticDrafter:
+    """A drafter that reproduces a chosen acceptance length on greedy requests (the seed's "synthetic AL").
+
+    At each verification step request b, having emitted p tokens, proposes D drafts for its tokens p,
+    p + 1, ...: the first ``acceptance_length - 1`` are the reference continuation's tokens there
+    (``reference[b, p + i]``), the rest differ from it (``(reference[b, p + i] + 1) % V``; token 0 past the
+    reference's end). While a greedy request's tokens equal the reference (its own greedy continuation,
+    e.g. from :func:`generate` on the standard path), it accepts exactly ``acceptance_length - 1`` drafts
+    a step and emits ``acceptance_length`` tokens. A sampled request accepts each draft with the target's
+    probability of it (one-hot drafts).
+
+    Args:
+        reference: (B, R) int64 token ids, the continuation drafts are taken from.
+        acceptance_length: AL in [1, D + 1]: drafts per step that match the reference, plus one.
+        vocab_size: V (wrong drafts stay inside the vocabulary).
+
+    Raises:
+        ValueError: ``reference`` is not 2-D, or ``acceptance_length`` < 1.
+    """
+
+    def __init__(self, reference: torch.Tensor, acceptance_length: int, vocab_size: int) -> None:
+        if reference.dim() != 2 or acceptance_length < 1:
+            raise ValueError(f"SyntheticDrafter: need a (B, R) reference and acceptance_length >= 1; got shape "
+                             f"{tuple(reference.shape)}, acceptance_length {acceptance_length}.")
+        self.reference = reference.to("cpu", torch.int64)
+        self.acceptance_length, self.vocab_size = acceptance_length, vocab_size
+
+    def propose(self, request: int, emitted: int, num_drafts: int) -> list[int]:
+        """D draft ids for ``request`` after ``emitted`` tokens (see the class docstring)."""
+        R = self.reference.shape[1]
+        out = []
+        for i in range(num_drafts):
+            j = emitted + i
+            ref = int(self.reference[request, j]) if j < R else None
+            if ref is None:
+                out.append(0)
+            elif i < self.acceptance_length - 1:
+                out.append(ref)
+            else:
+                out.append((ref + 1) % self.vocab_size)
+        return out
+
+
+@dataclasses.dataclass
+class SpeculativeResult:
+    """What :func:`generate_speculative` returns.
+
+    Attributes:
+        tokens: (B, G) int64, the first G tokens each request emitted.
+        accepted: (S, B) int64, drafts each request accepted at each of the S verification steps (0..D;
+            -1 once the request has its G tokens and has left the batch).
+        emitted: (S, B) int64, tokens each request emitted at each step (accepted + 1; 0 after it left).
+        steps: one dict per forward, as :attr:`GenerationResult.steps`; a verification step's
+            ``implementations`` include the ``dspark_verify`` call.
+        verify_implementations: ``"dspark_verify:implementation" -> calls`` over all steps.
+        num_draft_tokens: D.
+    """
+
+    tokens: torch.Tensor
+    accepted: torch.Tensor
+    emitted: torch.Tensor
+    steps: list[dict[str, Any]]
+    verify_implementations: dict[str, int]
+    num_draft_tokens: int
+
+    def acceptance_length(self) -> torch.Tensor:
+        """(B,) float64: mean tokens emitted per verification step of each request (accepted drafts + 1),
+        over the steps it took part in."""
+        return acceptance_length(self.accepted)
+
+
+def acceptance_length(accepted: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 mean acceptance length (accepted drafts + 1) per request of an (S, B) accepted-count log
+    (:attr:`SpeculativeResult.accepted`; -1 = not in that step)."""
+    taken = accepted >= 0
+    return ((accepted + 1).clamp_min(0).double().sum(0) / taken.sum(0).clamp_min(1)).double()
+
+
+def split_cache(model: K3Model, cache: K3Cache, *, page_tokens: int, max_tokens: int | None = None) -> list[K3Cache]:
+    """One batch-1 cache per sequence of ``cache`` (copies; ``cache`` is not changed), so sequences can
+    advance by different numbers of tokens (speculative decoding).
+
+    Raises:
+        ValueError: a static cache.
+    """
+    if cache.static:
+        raise ValueError("split_cache: a static cache cannot be split; pass an ordinary one (model.new_cache).")
+    B = next(st.recurrent.shape[0] for st in cache.layers if isinstance(st, KDAState))
+    out = []
+    for b in range(B):
+        one = model.new_cache(1, page_tokens=page_tokens, max_tokens=max_tokens)
+        for dst, src in zip(one.layers, cache.layers):
+            if isinstance(src, KDAState):
+                dst.recurrent.copy_(src.recurrent[b:b + 1])
+                dst.conv.copy_(src.conv[b:b + 1])
+            else:
+                latent, k_pe = src.view()
+                dst.append(latent[b:b + 1], k_pe[b:b + 1])
+        one.length = cache.length
+        out.append(one)
+    return out
+
+
+def _rewind(cache: K3Cache, length: int, keep: int) -> None:
+    """Keep ``keep`` tokens of the verification step that started at ``length`` tokens."""
+    for st in cache.layers:
+        if isinstance(st, KDAState):
+            st.rewind(keep)
+        else:
+            st.truncate(length + keep)
+    cache.length = length + keep
+
+
+def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, drafter: SyntheticDrafter,
+                         num_draft_tokens: int, temperature: torch.Tensor | None = None,
+                         top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None, seed: int = 0,
+                         decode_backend: str = "standard", verify_backend: str | None = None,
+                         logits_dtype: torch.dtype = torch.float32, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                         page_tokens: int = DEFAULT_PAGE_TOKENS, max_tokens: int | None = None) -> SpeculativeResult:
+    """Prefill ``prompts``, then speculative decoding: each verification step runs the model on every
+    request's last token and its D drafts, verifies them with :func:`k3_model.ops.dspark_verify.dspark_verify`
+    and rolls each request's cache back to the tokens it kept.
+
+    Each request has its own cache (requests advance by different numbers of tokens) and leaves the batch
+    once it has G tokens, as in a serving engine; one
+    :meth:`K3Model.forward_groups` call runs all of them, so the MoE routing sees B x (1 + D) rows, as in
+    a serving engine's verification step (phase ``decode``). KDA runs the 1 + D tokens one ``kda_decode``
+    step at a time and keeps the state after each (:meth:`KDAState.track_positions`); the rejected
+    tokens are then dropped: the MLA cache by length, the KDA state from the kept position.
+
+    Random numbers are inputs of the verification: per step, ``uniform_draws`` (B, D) then
+    ``exponential_noise`` (B, V) are drawn from one generator seeded with ``seed``, so two runs whose
+    verifications agree draw the same numbers.
+
+    Args:
+        model: the model.
+        prompts: (B, T0) int64, T0 >= 1.
+        max_new_tokens: G >= 1 tokens to emit per request (the last step's extra tokens are dropped).
+        drafter: proposes each request's drafts (:class:`SyntheticDrafter`).
+        num_draft_tokens: D in [1, 8] drafts per request per step (7 for K3's DSpark).
+        temperature: (B,) float32, 0 = greedy (default: all greedy). top_k: (B,) int32 (default 0, off).
+            top_p: (B,) float32 (default 1.0, off).
+        seed: seed of the verification's random numbers.
+        decode_backend: the backend of the model's forwards (``standard`` or ``latency_specialized``).
+        verify_backend: the backend of the ``dspark_verify`` calls (default: ``decode_backend``); the
+            model-eval guard runs the model on the standard path and varies only this.
+        logits_dtype: dtype the target logits are handed to the verification in (the serving model emits
+            bf16 logits; the model computes fp32).
+        prefill_chunk, page_tokens, max_tokens: as :func:`generate`.
+
+    Returns:
+        A :class:`SpeculativeResult`.
+
+    Raises:
+        ValueError: bad shapes or arguments (what, expected, got).
+        FloatingPointError: the model produced non-finite logits.
+
+    Source: kernel_targets.md §2 (verification semantics); Leviathan et al. 2023, Algorithm 1 (one target
+    forward over the drafts, then rejection sampling); issue 21 item 3 (the synthetic-acceptance mode).
+    """
+    from k3_model.ops.dspark_verify import dspark_verify
+
+    if prompts.dim() != 2 or prompts.shape[1] < 1 or max_new_tokens < 1:
+        raise ValueError(f"generate_speculative: need prompts (B, T0) with T0 >= 1 and max_new_tokens >= 1; got "
+                         f"{tuple(prompts.shape)}, {max_new_tokens}.")
+    if not 1 <= num_draft_tokens <= 8:
+        raise ValueError(f"generate_speculative: num_draft_tokens must lie in [1, 8]; got {num_draft_tokens}.")
+    B, T0 = prompts.shape
+    D, V, dev = num_draft_tokens, model.text.vocab_size, model.device
+    temperature = torch.zeros(B) if temperature is None else temperature
+    top_k = torch.zeros(B, dtype=torch.int32) if top_k is None else top_k
+    top_p = torch.ones(B) if top_p is None else top_p
+    for name, t, dtype in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+                           ("top_p", top_p, torch.float32)):
+        if tuple(t.shape) != (B,) or t.dtype != dtype:
+            raise ValueError(f"generate_speculative: {name} must be ({B},) {dtype}; got {tuple(t.shape)} {t.dtype}.")
+    verify_backend = verify_backend or decode_backend
+    prompts = prompts.to(dev, torch.int64)
+    cache = model.new_cache(B, page_tokens=page_tokens, max_tokens=max_tokens)
+    steps: list[dict[str, Any]] = []
+    logits = None
+    for s in range(0, T0, prefill_chunk):
+        logits = _step(model, prompts[:, s:s + prefill_chunk], cache, phase="prefill", decode_backend=decode_backend,
+                       steps=steps)
+    check_finite("generate_speculative: logits after the prompt", logits[:, -1])
+    caches = split_cache(model, cache, page_tokens=page_tokens, max_tokens=max_tokens)
+    del cache
+    # the first token comes from the prompt's last logits, as in generate (greedy or one sample)
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    first = logits[:, -1].to(logits_dtype).argmax(-1).cpu()  # the greedy choice the verification makes
+    sampled = temperature > 0
+    if bool(sampled.any()):
+        probs = torch.softmax(logits[:, -1].float().cpu() / temperature.clamp_min(1e-6).view(B, 1), -1)
+        first = torch.where(sampled, torch.multinomial(probs, 1, generator=gen).squeeze(1), first)
+    emitted_tokens: list[list[int]] = [[int(t)] for t in first]
+    accepted_log, emitted_log = [], []
+    verify_impls: Counter[str] = Counter()
+    params = [x.to(dev) for x in (temperature, top_k, top_p)]
+    while True:
+        active = [b for b in range(B) if len(emitted_tokens[b]) < max_new_tokens]  # a finished request leaves
+        if not active:
+            break
+        A = len(active)
+        drafts = [drafter.propose(b, len(emitted_tokens[b]), D) for b in active]
+        groups = [(torch.tensor([[emitted_tokens[b][-1], *d]], device=dev), caches[b]) for b, d in zip(active, drafts)]
+        lengths = [caches[b].length for b in active]
+        for b in active:
+            for st in caches[b].layers:
+                if isinstance(st, KDAState):
+                    st.track_positions()
+        idx = torch.tensor(active, device=dev)
+        with record_trace() as trace:
+            with forward_context(decode_backend=decode_backend, phase="decode"):
+                out = model.forward_groups(groups)
+            target = torch.cat(out).to(logits_dtype)  # (A, 1 + D, V)
+            check_finite("generate_speculative: verification logits", target)
+            u = torch.rand(A, D, generator=gen).to(dev)
+            noise = torch.empty(A, V).exponential_(generator=gen).clamp_min(torch.finfo(torch.float32).tiny).to(dev)
+            ids = torch.full((A, D + 1), -1, dtype=torch.int32, device=dev)
+            n_acc = torch.zeros(A, dtype=torch.int32, device=dev)
+            with forward_context(decode_backend=verify_backend, phase="decode"):
+                dspark_verify(target, torch.tensor(drafts, dtype=torch.int32, device=dev),
+                              torch.full((A,), D, dtype=torch.int32, device=dev), None,
+                              *(x[idx].contiguous() for x in params), u, noise,
+                              max_draft_tokens=D, output_token_ids=ids, num_accepted_tokens=n_acc)
+        impls = Counter(f"{d.op}:{d.implementation}" for d in trace.decisions)
+        verify_impls.update({k: v for k, v in impls.items() if k.startswith("dspark_verify:")})
+        steps.append({"index": len(steps), "phase": "decode", "tokens": 1 + D, "requests": A,
+                      "implementations": dict(impls)})
+        n_acc, ids = n_acc.cpu().long(), ids.cpu().long()
+        if bool(((n_acc < 0) | (n_acc > D)).any()):
+            raise ValueError(f"generate_speculative: dspark_verify returned accepted counts {n_acc.tolist()} outside "
+                             f"[0, {D}].")
+        row = torch.full((B,), -1, dtype=torch.int64)
+        for i, b in enumerate(active):
+            a = int(n_acc[i])
+            emitted_tokens[b] += [int(t) for t in ids[i, :a + 1]]
+            _rewind(caches[b], lengths[i], a + 1)
+            row[b] = a
+        accepted_log.append(row)
+        emitted_log.append(torch.where(row >= 0, row + 1, torch.zeros_like(row)))
+    tokens = torch.tensor([e[:max_new_tokens] for e in emitted_tokens], dtype=torch.int64)
+    return SpeculativeResult(tokens, torch.stack(accepted_log) if accepted_log else torch.zeros(0, B, dtype=torch.int64),
+                             torch.stack(emitted_log) if emitted_log else torch.zeros(0, B, dtype=torch.int64),
+                             steps, dict(verify_impls), D)
 
 
 class StaticDecodeStep:

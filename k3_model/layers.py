@@ -212,11 +212,36 @@ class KDAState:
             (slot 0 is the null slot; sequence b is slot b + 1), of which ``recurrent`` is the view
             ``slots[1:]``. :meth:`zeros` allocates it; a state built from other tensors has none, and its
             decode steps copy through a temporary pool (:meth:`decode_pool`).
+        positions: ``None``, or a list that a speculative verification step fills (:meth:`track_positions`):
+            ``(recurrent, conv)`` copies after each of its tokens, so :meth:`rewind` can keep any prefix.
     """
 
     recurrent: torch.Tensor
     conv: torch.Tensor
     slots: torch.Tensor | None = None
+    positions: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def track_positions(self) -> None:
+        """Keep a copy of the state after every token of the next forward (a verification step of 1 + D
+        tokens runs them one at a time, each a ``kda_decode`` step, as the vLLM plugin does:
+        ``k3_model/vllm_plugin/model.py`` ``K3KDALayer``), until :meth:`rewind`."""
+        self.positions = []
+
+    def rewind(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens of the tracked forward: restore the state after its token
+        ``keep`` (1-based) in place (``recurrent`` stays the view of ``slots``) and stop tracking.
+
+        Raises:
+            ValueError: not tracking, or ``keep`` outside [1, tokens tracked].
+        """
+        if self.positions is None or not 1 <= keep <= len(self.positions):
+            held = "not tracking" if self.positions is None else f"{len(self.positions)} tracked"
+            raise ValueError(f"KDAState.rewind: keep must lie in [1, tokens tracked]; got {keep} ({held}). "
+                             "Call track_positions() before the verification forward.")
+        recurrent, conv = self.positions[keep - 1]
+        self.recurrent.copy_(recurrent)
+        self.conv.copy_(conv)
+        self.positions = None
 
     @classmethod
     def zeros(cls, batch: int, heads: int, head_dim: int, conv_width: int, device: torch.device | str) -> KDAState:
@@ -424,6 +449,17 @@ class MLACache:
     def view(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(latent (B, S, L), k_pe (B, S, r))`` of the S = ``length`` stored tokens."""
         return self.latent[:, :self.length], self.k_pe[:, :self.length]
+
+    def truncate(self, length: int) -> None:
+        """Forget the tokens past ``length`` (a speculative step's rejected drafts); their slots are
+        rewritten by the next :meth:`append`.
+
+        Raises:
+            ValueError: ``length`` outside [0, tokens stored].
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"MLACache.truncate: length must lie in [0, {self.length}] (tokens stored); got {length}.")
+        self.length = length
 
     def visible(self, T: int) -> torch.Tensor:
         """Causal mask of the T tokens appended last over the S = ``length`` stored ones.

@@ -48,9 +48,15 @@ layer, the split-KV LSE merge of every MLA decode step once the latent cache hol
 ``layers.SPLIT_KV_MIN_PAGES`` pages (the model eval's contexts always do), and the KDA step of every KDA
 layer's decode step (one token per sequence; prefill chunks keep the token loop), and the attention input
 projections of every decode step (``small_m_gemm``: KDA q/k/v/f_a/b, MLA q_a/kv_a/q_b; prefill keeps
-``F.linear``). Other tasks' ops (e.g.
-``dspark_verify``: speculative verification, which the standalone loop does not do) are not called;
-the model-eval guard skips those tasks, and checks this list against the trace of every run."""
+``F.linear``). ``dspark_verify`` is called by the speculative decode loop
+(:func:`k3_model.decode.generate_speculative`), not by the model: :data:`SPECULATIVE_OPS`. Other tasks'
+ops are not called; the model-eval guard skips those tasks, and checks this list against the trace of
+every run."""
+
+SPECULATIVE_OPS = ("dspark_verify",)
+"""Dispatcher ops the speculative decode loop (:func:`k3_model.decode.generate_speculative`) calls on the
+model's logits: the draft verification of every verification step. The model-eval guard judges these
+tasks in that loop (guards/model_eval.py, "Speculative decoding")."""
 
 FP32_WEIGHTS = ("conv1d.weight", "A_log", "dt_bias", "o_norm.weight", "e_score_correction_bias")
 """Name suffixes of tensors stored and used in float32 (k3_architecture.md §2)."""
@@ -374,11 +380,20 @@ class K3Model:
 
     def attention(self, lw: LayerWeights, x: torch.Tensor, state: KDAState | MLACache | StaticMLACache, *,
                   absorbed: bool) -> torch.Tensor:
-        """The layer's attention on (B, T, H) sequences with its state."""
+        """The layer's attention on (B, T, H) sequences with its state. A KDA state that tracks positions
+        (a speculative verification step, :meth:`KDAState.track_positions`) runs the T tokens one at a time,
+        each a decode step of the ``kda_decode`` op, and keeps the state after each."""
         t, la = self.text, self.text.linear_attn_config
         if lw.kind == "kda":
-            return kda_forward(lw.attn, x, state, heads=la.num_heads, head_dim=la.head_dim,
-                               lower_bound=la.gate_lower_bound, eps=t.rms_norm_eps)
+            run = lambda xs: kda_forward(lw.attn, xs, state, heads=la.num_heads, head_dim=la.head_dim,  # noqa: E731
+                                         lower_bound=la.gate_lower_bound, eps=t.rms_norm_eps)
+            if getattr(state, "positions", None) is None:
+                return run(x)
+            outs = []
+            for i in range(x.shape[1]):
+                outs.append(run(x[:, i:i + 1].contiguous()))
+                state.positions.append((state.recurrent.clone(), state.conv.clone()))
+            return torch.cat(outs, dim=1)
         return mla_forward(lw.attn, x, state, heads=t.num_attention_heads, nope=t.qk_nope_head_dim,
                            rope=t.qk_rope_head_dim, v_dim=t.v_head_dim, kv_lora_rank=t.kv_lora_rank,
                            eps=t.rms_norm_eps, absorbed=absorbed)

@@ -30,6 +30,8 @@ interface a person can set by hand too.
 | ``WORKBENCH_MODEL_EVAL_BF16_TIE_MARGIN`` | float | 1.0 | guards/model_eval.py | bf16 first-divergence margin bound (nats) |
 | ``WORKBENCH_MODEL_EVAL_BF16_LATER_TIE_MARGIN`` | float | 3.0625 | guards/model_eval.py | bf16 later-flip margin bound (nats) |
 | ``WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION`` | float | 0.40625 | guards/model_eval.py | bf16 flip-fraction bound per sequence |
+| ``WORKBENCH_MODEL_EVAL_SPEC_CONTEXT_TOKENS`` | int | 192 | guards/model_eval.py | prompt length of the speculative leg (tokens) |
+| ``WORKBENCH_MODEL_EVAL_SPEC_GENERATE_TOKENS`` | int | 64 | guards/model_eval.py | speculative leg: tokens emitted per request |
 | ``WORKBENCH_MODEL_EVAL_VLLM`` | str: off, on, only | off | guards/model_eval.py (set by ``--model-eval-vllm``) | the vLLM leg |
 | ``WORKBENCH_CORPUS_SUMMARY`` | path | unset | tests/exploits/test_honest.py | JSON-lines file each GPU corpus case appends to |
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
@@ -172,6 +174,9 @@ MODEL_EVAL: dict[str, EnvVar] = {v.name.removeprefix(MODEL_EVAL_PREFIX).lower():
            "the same for later teacher-forced bfloat16 flips (nats, A/A-calibrated)", _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_BF16_MAX_FLIP_FRACTION", float, BF16_MAX_FLIP_FRACTION_DEFAULT,
            "largest fraction of a sequence's bfloat16 steps that may flip (A/A-calibrated)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_SPEC_CONTEXT_TOKENS", int, 192, "prompt length of the speculative leg (tokens)", _ME),
+    EnvVar("WORKBENCH_MODEL_EVAL_SPEC_GENERATE_TOKENS", int, 64, "tokens emitted per request in the speculative leg",
+           _ME),
     EnvVar("WORKBENCH_MODEL_EVAL_VLLM", str, "off", "the model eval's vLLM leg (set by --model-eval-vllm)", _ME,
            choices=("off", "on", "only")),
 )}

@@ -69,9 +69,9 @@ def test_no_merged_kernel_or_unused_op_is_skip(tmp_path):
     wt = _worktree(tmp_path)
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt))
     assert v.status is Status.SKIP and "never ran inside the model" in v.summary
-    task = load_task(REPO_ROOT, "k3_moe_dispatch").model_copy(update={"op": "dspark_verify"})
+    task = load_task(REPO_ROOT, "k3_moe_dispatch").model_copy(update={"op": "allreduce_rmsnorm"})
     v = ModelEvalGuard(SMALL).check(_ctx(tmp_path, wt, task))
-    assert v.status is Status.SKIP and "never calls op 'dspark_verify'" in v.summary
+    assert v.status is Status.SKIP and "never calls op 'allreduce_rmsnorm'" in v.summary
 
 
 def _drift(rel_error: float) -> float:
