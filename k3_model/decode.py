@@ -269,8 +269,14 @@ def split_cache(model: K3Model, cache: K3Cache, *, page_tokens: int, max_tokens:
     return out
 
 
-def _rewind(cache: K3Cache, length: int, keep: int) -> None:
-    """Keep ``keep`` tokens of the verification step that started at ``length`` tokens."""
+def rewind_cache(cache: K3Cache, length: int, keep: int) -> None:
+    """Keep the first ``keep`` tokens of the verification step that started at ``length`` tokens: each MLA
+    cache truncated to ``length + keep``, each KDA state restored from its snapshot after token ``keep``
+    (:meth:`KDAState.rewind`; the step must have run with :meth:`KDAState.track_positions`).
+
+    Raises:
+        ValueError: a KDA state that did not track the step, or ``keep`` beyond the step's tokens.
+    """
     for st in cache.layers:
         if isinstance(st, KDAState):
             st.rewind(keep)
@@ -403,7 +409,7 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
         for i, b in enumerate(active):
             a = int(n_acc[i])
             emitted_tokens[b] += [int(t) for t in ids[i, :a + 1]]
-            _rewind(caches[b], lengths[i], a + 1)
+            rewind_cache(caches[b], lengths[i], a + 1)
             row[b] = a
         accepted_log.append(row)
         emitted_log.append(torch.where(row >= 0, row + 1, torch.zeros_like(row)))

@@ -76,6 +76,12 @@ DEFAULT_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 """Compute dtype: the serving dtype on CUDA; float32 on the CPU (the CPU kernels declare float32; the
 router logits are float32 in either, so the MoE kernel's scope is met in both)."""
 DEFAULT_TASK = "k3_moe_dispatch"
+DEFAULT_DRAFT_TOKENS = 7
+"""Drafts per request of the speculative steps (K3's DSpark: 7; seed)."""
+DEFAULT_ACCEPTANCE_LENGTH = 6
+"""Tokens each request emits per speculative step (the seed's synthetic AL = 6)."""
+SPEC_LOGITS_DTYPE = "bfloat16"
+"""Dtype of the logits the verification reads (the serving model's; tasks/k3_dspark_verify declares bf16)."""
 PROMPT_FILE = Path("bench/prompts/k3_mini_prose.txt")
 """The prompt text, relative to the workbench checkout (written for the project; nothing is fetched)."""
 GRAPH_WARMUP = 3
@@ -119,6 +125,9 @@ class BenchModelSpec(_Model):
     mixed_steps: int = Field(description="mixed steps timed per side and configuration")
     profile_steps: int = Field(description="eager decode steps profiled per side and configuration")
     seed: int = Field(description="K3-mini weight seed")
+    draft_tokens: int = Field(default=DEFAULT_DRAFT_TOKENS, description="speculative steps: drafts per request (0: none)")
+    acceptance_length: int = Field(default=DEFAULT_ACCEPTANCE_LENGTH,
+                                   description="speculative steps: tokens each request emits per step (synthetic)")
     candidate: str | None = None
     task_id: str = DEFAULT_TASK
 
@@ -127,12 +136,14 @@ class BenchModelSpec(_Model):
                 contexts: Sequence[int] | None = None, chunk: int | None = None, steps: int | None = None,
                 mixed_steps: int | None = None, profile_steps: int | None = None,
                 backends: Sequence[str] | None = None, dtype: str | None = None, seed: int = 0,
-                candidate: str | None = None, task_id: str = DEFAULT_TASK) -> BenchModelSpec:
+                candidate: str | None = None, task_id: str = DEFAULT_TASK, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                acceptance_length: int = DEFAULT_ACCEPTANCE_LENGTH) -> BenchModelSpec:
         """Fill the per-device defaults and check every value (no torch needed).
 
         Raises:
             BenchModelError: an unknown device, backend or dtype; a batch below 1; a context below the
-                prompt chunk; a count below its minimum.
+                prompt chunk; a count below its minimum; draft tokens outside 0-8 or an acceptance length
+                outside 1..draft tokens + 1.
         """
         where = "workbench bench-model"
         if device not in DEVICES:
@@ -164,9 +175,16 @@ class BenchModelSpec(_Model):
         for opt, (v, lo) in counts.items():
             if v < lo:
                 raise BenchModelError(f"{where}: {opt} {v} is below {lo}.")
+        if not 0 <= draft_tokens <= 8:
+            raise BenchModelError(f"{where}: --draft-tokens {draft_tokens} is outside 0-8 (0: no speculative steps; "
+                                  "K3's DSpark drafts 7).")
+        if draft_tokens and not 1 <= acceptance_length <= draft_tokens + 1:
+            raise BenchModelError(f"{where}: --acceptance-length {acceptance_length} is outside 1-{draft_tokens + 1} "
+                                  f"(accepted drafts + 1, with --draft-tokens {draft_tokens}).")
         return cls(device=device, dtype=dtype, backends=tuple(b for b in BACKENDS if b in names), batches=bs,
                    contexts=cs, chunk=ch, steps=counts["--steps"][0], mixed_steps=counts["--mixed-steps"][0],
-                   profile_steps=counts["--profile-steps"][0], seed=seed, candidate=candidate, task_id=task_id)
+                   profile_steps=counts["--profile-steps"][0], seed=seed, candidate=candidate, task_id=task_id,
+                   draft_tokens=draft_tokens, acceptance_length=acceptance_length)
 
     def command(self) -> str:
         """The command line that repeats this run (every default spelled out)."""
@@ -178,7 +196,8 @@ class BenchModelSpec(_Model):
         parts += ["--device", self.device, "--dtype", self.dtype, "--backends", ",".join(self.backends),
                   "--batches", ",".join(map(str, self.batches)), "--contexts", ",".join(map(str, self.contexts)),
                   "--chunk", str(self.chunk), "--steps", str(self.steps), "--mixed-steps", str(self.mixed_steps),
-                  "--profile-steps", str(self.profile_steps), "--seed", str(self.seed)]
+                  "--profile-steps", str(self.profile_steps), "--seed", str(self.seed),
+                  "--draft-tokens", str(self.draft_tokens), "--acceptance-length", str(self.acceptance_length)]
         return shlex.join(parts)
 
     def decode_calls(self) -> int:
@@ -260,10 +279,11 @@ class SideResult(_Model):
 class StepKindResult(_Model):
     """Decode or mixed steps of one configuration, every side."""
 
-    kind: Literal["decode", "mixed"]
+    kind: Literal["decode", "mixed", "speculative"]
     phase: str = Field(description="the phase the dispatcher was told (vLLM plugin's classify_batch)")
     mode: Literal["cuda_graph", "eager"]
-    tokens_per_step: int = Field(description="tokens one step processes: B (decode), chunk + B - 1 (mixed)")
+    tokens_per_step: int = Field(description="tokens one step processes: B (decode), chunk + B - 1 (mixed); "
+                                 "speculative: tokens the step emits, B x acceptance length")
     sides: dict[str, SideResult]
     speedup: float | None = Field(description="median standard / median latency_specialized; None with one side")
     speedup_ci99: tuple[float, float] | None = None
@@ -278,6 +298,8 @@ class ConfigRow(_Model):
     capacity_tokens: int = Field(description="slots of the decode steps' static MLA cache")
     decode: StepKindResult
     mixed: StepKindResult
+    speculative: StepKindResult | None = Field(default=None, description="a verification step of D drafts per "
+                                               "request at the synthetic acceptance length (None: --draft-tokens 0)")
 
 
 class BenchModelResult(_Model):
@@ -347,14 +369,18 @@ def run_bench_model(root: Path, spec: BenchModelSpec, *, out_dir: Path | None = 
         raise BenchModelError(f"workbench bench-model: --device cuda, but torch {torch.__version__} sees no CUDA device "
                               f"({build}); run on a GPU machine or pass --device cpu.")
     if spec.candidate:
-        from k3_model.model import DISPATCHED_OPS
+        from k3_model.model import DISPATCHED_OPS, SPECULATIVE_OPS
         from workbench.taskspec import load_task
 
         task = load_task(root, spec.task_id)
-        if task.op not in DISPATCHED_OPS:
+        if task.op not in DISPATCHED_OPS + SPECULATIVE_OPS:
             raise BenchModelError(f"workbench bench-model: task {spec.task_id!r} targets op {task.op!r}, which K3-mini "
-                                  f"never calls (it dispatches {list(DISPATCHED_OPS)}); its kernel cannot change the "
-                                  "model's speed. Pass --task with one of those ops.")
+                                  f"never calls (it dispatches {list(DISPATCHED_OPS)}, and {list(SPECULATIVE_OPS)} in "
+                                  "speculative steps); its kernel cannot change the model's speed. Pass --task with "
+                                  "one of those ops.")
+        if task.op in SPECULATIVE_OPS and not spec.draft_tokens:
+            raise BenchModelError(f"workbench bench-model: task {spec.task_id!r} targets op {task.op!r}, which runs only "
+                                  "in speculative steps, but --draft-tokens is 0; pass --draft-tokens 7.")
     prompt_file = Path(root) / PROMPT_FILE
     if not prompt_file.is_file():
         raise BenchModelError(f"workbench bench-model: the prompt text {prompt_file} is missing; restore it from git.")
@@ -477,6 +503,12 @@ def summary_rows(result: BenchModelResult) -> list[dict[str, str]]:
         s = k.sides.get("latency_specialized")
         return "-" if s is None else f"{100 * s.trace.kernel_steps_fraction:.0f}%"
 
+    def spec_tps(k: StepKindResult | None) -> str:
+        if k is None:
+            return "-"
+        side = k.sides.get("latency_specialized") or k.sides["standard"]
+        return f"{side.tokens_per_s:,.0f}"
+
     out = []
     for r in result.rows:
         std, ls = r.decode.sides.get("standard"), r.decode.sides.get("latency_specialized")
@@ -484,7 +516,8 @@ def summary_rows(result: BenchModelResult) -> list[dict[str, str]]:
         out.append({"context": str(r.context), "batch": str(r.batch), "std ms": ms(std), "lat.spec ms": ms(ls),
                     "decode speedup (99% CI)": sp(r.decode),
                     "tok/s": f"{main.tokens_per_s:,.0f}" if main else "-", "kernel": kern(r.decode),
-                    "mixed step (phase)": r.mixed.phase, "mixed speedup": sp(r.mixed), "mixed kernel": kern(r.mixed)})
+                    "mixed step (phase)": r.mixed.phase, "mixed speedup": sp(r.mixed), "mixed kernel": kern(r.mixed),
+                    "spec tok/s": spec_tps(r.speculative), "spec speedup": sp(r.speculative) if r.speculative else "-"})
     return out
 
 
@@ -907,6 +940,108 @@ def _mixed(model, store: _Contexts, prompts, spec: BenchModelSpec, B: int, c: in
     return _kind("mixed", phase, "eager", tokens, sides)
 
 
+def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) -> StepKindResult:
+    """The speculative verification steps of one configuration, every side, eager (module docstring).
+
+    Each request has its own cache at context ``c``. Its drafts are its next ``acceptance_length - 1``
+    greedy tokens (found once, untimed, on the standard path) and then wrong ones. A step: restore every
+    cache to context ``c``, one :meth:`K3Model.forward_groups` over the B x (1 + D) tokens, ``dspark_verify``
+    on the logits, roll each cache back to the tokens it kept (k3_model.decode's rollback). The tokens a
+    step emits are counted on its first run (B x acceptance length unless a near tie in the bf16 logits
+    moved a greedy choice; the log says so).
+
+    Raises:
+        BenchModelError: the verification emitted no token for a request (a broken step).
+    """
+    import torch
+
+    from k3_model.decode import rewind_cache
+    from k3_model.dispatch import forward_context, record_trace
+    from k3_model.layers import KDAState
+    from k3_model.ops.dspark_verify import dspark_verify
+
+    D, AL, dev = spec.draft_tokens, spec.acceptance_length, model.device
+    ldt = getattr(torch, SPEC_LOGITS_DTYPE)
+    first = store.next_tokens[c][:B]
+    # each request's next greedy tokens (untimed, standard path): the first AL - 1 are its right drafts, and the
+    # AL-th, changed, is the first wrong one (the drafts after a greedy rejection are never read)
+    probe = store.cache_at(range(0, B), c, capacity=c + AL + 1)
+    cont, tok = [], first.view(B, 1)
+    for _ in range(min(AL, D)):
+        with forward_context(decode_backend="standard", phase="decode"):
+            tok = model.forward(tok, probe)[:, -1].to(ldt).argmax(-1).view(B, 1)
+        cont.append(tok)
+    right = torch.cat(cont, 1)[:, :AL - 1]
+    wrong = ((cont[-1] + 1) % model.text.vocab_size).expand(B, D - right.shape[1])
+    drafts = torch.cat([right, wrong], dim=1)  # (B, D)
+    inputs = torch.cat([first.view(B, 1), drafts], dim=1)  # (B, 1 + D)
+    caches = {s: [store.cache_at(range(b, b + 1), c, capacity=c + D + 1) for b in range(B)] for s in spec.backends}
+    saved = {s: [[(st.recurrent.clone(), st.conv.clone()) if isinstance(st, KDAState) else None for st in k.layers]
+                 for k in caches[s]] for s in spec.backends}
+
+    def restore() -> None:  # every step starts at context c
+        for s in spec.backends:
+            for k, snaps in zip(caches[s], saved[s]):
+                for st, snap in zip(k.layers, snaps):
+                    if snap is None:
+                        st.truncate(c)
+                    else:
+                        st.recurrent.copy_(snap[0])
+                        st.conv.copy_(snap[1])
+                        st.positions = None
+                k.length = c
+
+    greedy = torch.zeros(B, dtype=torch.float32, device=dev)
+    top_k, top_p = torch.zeros(B, dtype=torch.int32, device=dev), torch.ones(B, dtype=torch.float32, device=dev)
+    u = torch.zeros(B, D, device=dev)
+    noise = torch.ones(B, model.text.vocab_size, device=dev)
+    draft_ids = drafts.to(dev, torch.int32).contiguous()
+    n_drafts = torch.full((B,), D, dtype=torch.int32, device=dev)
+    per_step: dict[str, list[list[Any]]] = {s: [] for s in spec.backends}
+    emitted: dict[str, int] = {}
+
+    def step(side: str) -> Callable[[], None]:
+        groups = [(inputs[b:b + 1].to(dev), caches[side][b]) for b in range(B)]
+        out_ids = torch.empty(B, D + 1, dtype=torch.int32, device=dev)
+        n_acc = torch.empty(B, dtype=torch.int32, device=dev)
+
+        def call() -> None:
+            for k in caches[side]:
+                for st in k.layers:
+                    if isinstance(st, KDAState):
+                        st.track_positions()
+            with record_trace() as trace, forward_context(decode_backend=side, phase="decode"):
+                target = torch.cat(model.forward_groups(groups)).to(ldt)
+                dspark_verify(target, draft_ids, n_drafts, None, greedy, top_k, top_p, u, noise, max_draft_tokens=D,
+                              output_token_ids=out_ids, num_accepted_tokens=n_acc)
+            kept = (n_acc + 1).tolist()  # the host reads the counts to roll back, as an engine does
+            for k, a in zip(caches[side], kept):
+                rewind_cache(k, c, a)
+            emitted.setdefault(side, sum(kept))
+            per_step[side].append(list(trace.decisions))
+        return call
+
+    fns = {s: step(s) for s in spec.backends}
+    for _ in range(MIXED_WARMUP):
+        for f in fns.values():
+            restore()
+            f()
+    samples = _time_sides(fns, spec, warmup=0, repetitions=spec.steps, before_call=restore)
+    restore()
+    tokens = emitted[spec.backends[0]]
+    if tokens < B:
+        raise BenchModelError(f"B={B} context={c} speculative: the verification kept {tokens} tokens for {B} requests; "
+                              "each request emits at least one.")
+    if tokens != B * AL:
+        _log(f"B={B} context={c} speculative: the steps emit {tokens} tokens, not {B} x {AL}: a near tie in the "
+             f"{SPEC_LOGITS_DTYPE} logits moved a greedy choice; tokens/s uses {tokens}")
+    sides = {s: _side(s, samples[s], tokens, _trace_summary(per_step[s][-spec.steps:], "per_call"))
+             for s in spec.backends}
+    _log(f"B={B} context={c} speculative (eager, D={D}, {tokens} tokens emitted per step): "
+         + ", ".join(f"{s} {v.median_us / 1e3:.3f} ms, {v.tokens_per_s:,.0f} tok/s" for s, v in sides.items()))
+    return _kind("speculative", "decode", "eager", tokens, sides)
+
+
 def _measure(args: dict[str, Any]) -> BenchModelResult:
     import torch
 
@@ -939,7 +1074,8 @@ def _measure(args: dict[str, Any]) -> BenchModelResult:
     for c in spec.contexts:
         for B in spec.batches:
             rows.append(ConfigRow(batch=B, context=c, capacity_tokens=spec.capacity(c),
-                                  decode=_decode(model, store, spec, B, c), mixed=_mixed(model, store, prompts, spec, B, c)))
+                                  decode=_decode(model, store, spec, B, c), mixed=_mixed(model, store, prompts, spec, B, c),
+                                  speculative=_speculative(model, store, spec, B, c) if spec.draft_tokens else None))
             _progress(phase, len(rows), total)
             _write(Path(args["out"]), _result(args, spec, overrides, prompt_info, build, env, rows, total, t0))
             if spec.device == "cuda":
@@ -972,6 +1108,11 @@ def _result(args: dict[str, Any], spec: BenchModelSpec, overrides: dict[str, Any
         + (", L2 flushed and the device idle before every step (cold L2: a serving engine's back-to-back steps "
            "keep part of the weights in L2)" if cuda else ", this thread's CPU clock, torch on one thread"),
         "speedup: median standard / median latency_specialized, 99% percentile-bootstrap interval",
+        f"speculative steps (eager): each request runs its last token and {spec.draft_tokens} drafts in one forward "
+        f"(the MoE routing sees B x {spec.draft_tokens + 1} rows), dspark_verify reads the logits in "
+        f"{SPEC_LOGITS_DTYPE}, and each request's caches roll back to the kept tokens; the first "
+        f"{spec.acceptance_length - 1} drafts are the request's greedy tokens (a synthetic acceptance length of "
+        f"{spec.acceptance_length}), so tokens/s = B x {spec.acceptance_length} / step time",
     ]
     if overrides:
         notes.append(f"config override: max_position_embeddings {overrides['max_position_embeddings']} (K3-mini declares "

@@ -677,12 +677,17 @@ def bench_model(
     backends: str = typer.Option("standard,latency_specialized", "--backends", help="Decode backends to time, comma-separated."),
     dtype: str | None = typer.Option(None, "--dtype", help="float32 or bfloat16 (default cuda bfloat16, cpu float32)."),
     seed: int = typer.Option(0, "--seed", help="K3-mini weight seed."),
+    draft_tokens: int = typer.Option(7, "--draft-tokens", help="Speculative steps: drafts per request (DSpark: 7; 0: no "
+                                     "speculative steps)."),
+    acceptance_length: int = typer.Option(6, "--acceptance-length", help="Speculative steps: tokens each request emits "
+                                          "per step (synthetic: its first AL - 1 drafts are right)."),
     out_dir: Path | None = typer.Option(None, "--out-dir", help="Output folder (default bench/results/local)."),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Wall-clock limit of the measuring child (seconds)."),
     repo: RepoOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """K3-mini end to end: decode_backend standard vs latency_specialized, decode and mixed steps, batch x context.
+    """K3-mini end to end: decode_backend standard vs latency_specialized; decode, mixed and speculative
+    verification steps (D drafts, synthetic acceptance length), batch x context.
 
     Writes k3_mini_bench_model.json (every step time, medians with 99% intervals, tokens/s, speedups, the
     dispatcher's decisions, a torch.profiler breakdown, the environment), .png and .log to --out-dir.
@@ -697,7 +702,8 @@ def bench_model(
                                       contexts=_int_list("bench-model", "--contexts", contexts), chunk=chunk, steps=steps,
                                       mixed_steps=mixed_steps, profile_steps=profile_steps,
                                       backends=[b for b in backends.replace(" ", "").split(",") if b], dtype=dtype,
-                                      seed=seed, candidate=candidate, task_id=task)
+                                      seed=seed, candidate=candidate, task_id=task, draft_tokens=draft_tokens,
+                                      acceptance_length=acceptance_length)
         root = _root(repo)
         with showing_progress(err):
             progress.guard_started("bench-model", 1, 1)

@@ -120,6 +120,28 @@ def test_traces_say_where_the_kernel_ran(cpu_run):
             f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode']"]
 
 
+def test_speculative_steps_emit_the_synthetic_acceptance_length(cpu_run):
+    """Issue 21 item 3: a verification step of D = 7 drafts per request at the synthetic AL = 6. Each request
+    runs 8 tokens in one forward (the MoE routing sees B x 8 rows), dspark_verify keeps 5 drafts + 1 token, and
+    tokens/s counts the B x 6 emitted tokens; with the moe_dispatch candidate its kernel runs on those rows."""
+    r = read_result(cpu_run[1])
+    assert (r.spec.draft_tokens, r.spec.acceptance_length) == (7, 6)
+    assert "--draft-tokens 7 --acceptance-length 6" in r.command
+    assert any("speculative steps (eager)" in n for n in r.notes)
+    for row in r.rows:
+        k = row.speculative
+        assert k is not None and k.kind == "speculative" and k.phase == "decode" and k.mode == "eager"
+        assert k.tokens_per_step == 6 * row.batch
+        for side, s in k.sides.items():
+            assert len(s.samples_us) == 3 and all(x > 0 for x in s.samples_us)
+            assert math.isclose(s.tokens_per_s, 6 * row.batch / (s.median_us * 1e-6))
+            impl = s.trace.implementations
+            assert impl["dspark_verify:standard"] == 3  # no dspark_verify kernel in this candidate
+            assert impl[f"moe_dispatch:{side}"] == 8 * 3  # 8 MoE layers; B x 8 rows <= 64 are in its scope
+            assert impl["kda_decode:standard"] == 6 * 8 * row.batch * 3  # 6 KDA layers x 8 tokens x requests
+        assert k.speedup == pytest.approx(k.sides["standard"].median_us / k.sides["latency_specialized"].median_us)
+
+
 def test_profile_breakdown_names_the_ops_that_hold_the_time(cpu_run):
     r = read_result(cpu_run[1])
     for row in r.rows:
@@ -194,8 +216,12 @@ def test_a_refused_measurement_is_one_clear_error(project_repo, tmp_path, monkey
     (["--steps", "0"], "--steps 0 is below 1"),
     (["--dtype", "float16"], "--dtype 'float16' is not one of float32, bfloat16"),
     (["--device", "tpu"], "--device 'tpu' is not one of cuda, cpu"),
-    (["--task", "k3_dspark_verify", "-c", CPU_FIXTURE], "task 'k3_dspark_verify' targets op 'dspark_verify', which "
-                                                         "K3-mini never calls"),
+    (["--task", "k3_allreduce_rmsnorm", "-c", CPU_FIXTURE], "task 'k3_allreduce_rmsnorm' targets op "
+                                                             "'allreduce_rmsnorm', which K3-mini never calls"),
+    (["--task", "k3_dspark_verify", "-c", CPU_FIXTURE, "--draft-tokens", "0"],
+     "op 'dspark_verify', which runs only in speculative steps, but --draft-tokens is 0"),
+    (["--draft-tokens", "9"], "--draft-tokens 9 is outside 0-8"),
+    (["--acceptance-length", "9"], "--acceptance-length 9 is outside 1-8"),
 ])
 def test_bad_input_is_one_line_and_exit_2(project_repo, args, message):
     from typer.testing import CliRunner
