@@ -1068,7 +1068,8 @@ def _measure(args: dict[str, Any]) -> BenchModelResult:
     store, build = _build_contexts(model, prompts, spec)
     rows: list[ConfigRow] = []
     total = len(spec.contexts) * len(spec.batches)
-    phase = f"measuring {total} configurations (decode + mixed, {len(spec.backends)} side(s))"
+    kinds = "decode + mixed" + (" + speculative" if spec.draft_tokens else "")
+    phase = f"measuring {total} configurations ({kinds}, {len(spec.backends)} side(s))"
     _progress(phase, 0, total)
     env = envmod.collect(spec.device)
     for c in spec.contexts:
