@@ -379,7 +379,12 @@ class ModelEvalGuard:
         from k3_model.model import DISPATCHED_OPS, SPECULATIVE_OPS
 
         if ctx.task.op in SPECULATIVE_OPS:
-            return self._speculative(ctx, s)
+            v = self._speculative(ctx, s)
+            if s.vllm == "off":
+                return v
+            why = "the vLLM leg decodes without drafts, so it never calls this op"
+            return v.model_copy(update={"summary": f"{v.summary} The vLLM leg was asked for but not run: {why}.",
+                                        "evidence": (*v.evidence, Evidence(name="vllm_leg", value=f"not run: {why}"))})
         if ctx.task.op not in DISPATCHED_OPS:
             return Verdict(guard=self.name, status=Status.SKIP,
                            summary=f"K3-mini never calls op {ctx.task.op!r} (it dispatches {list(DISPATCHED_OPS)}), "

@@ -321,7 +321,8 @@ def pytest_collection_modifyitems(config, items):
 
 SUITE_MODEL_EVAL = {"WORKBENCH_MODEL_EVAL_CONTEXT_TOKENS": "320", "WORKBENCH_MODEL_EVAL_GENERATE_TOKENS": "65",
                     "WORKBENCH_MODEL_EVAL_PREFILL_CHUNK": "128", "WORKBENCH_MODEL_EVAL_PAGE_TOKENS": "64",
-                    "WORKBENCH_MODEL_EVAL_DTYPES": "float32"}
+                    "WORKBENCH_MODEL_EVAL_DTYPES": "float32", "WORKBENCH_MODEL_EVAL_SPEC_CONTEXT_TOKENS": "96",
+                    "WORKBENCH_MODEL_EVAL_SPEC_GENERATE_TOKENS": "32"}
 """Model-eval lengths for tests that judge a candidate for another reason: the same structure as the
 defaults at an eighth of the length. 320 context tokens span three KDA prefill chunks of 128 (two state
 hand-overs), and 320 + 65 tokens cross from the prefill's 5th MLA page of 64 into a 6th, so decode runs
@@ -329,7 +330,8 @@ split-KV over 5-6 pages (``ModelEvalSettings.validate`` holds). A judgment's mod
 of what 1024 + 129 tokens in 512/256-token chunks and pages cost (11.0 s against 23.5 s for both legs of
 k3_moe_dispatch perf-slower, seed 5, measured alone on the 2-core machine, 2026-12-04). They
 judge float32 only: the bfloat16 leg (two more children, ~25-60 s on the loaded 2-core CI machine) is
-judged by the model eval's own tests.
+judged by the model eval's own tests. The speculative leg (k3_dspark_verify) runs a 96-token prompt and 32
+tokens per request instead of 192 and 64.
 Tests of the model eval itself (``model_eval`` in the test id: its own tests, the ``model_eval-*``
 fixtures) and the exploit corpus (its cases are tuned to the defaults) keep the defaults. The CLI's
 subprocess tests (tests/workbench/test_cli.py ``wb``) pass these lengths on: they test the CLI's contract."""

@@ -82,3 +82,18 @@ def test_first_speculative_difference_names_counts_then_tokens():
                                                        "standard path emits 5")
     cand = {**same, "accepted": torch.tensor([[5, 0], [5, 1], [0, 0]])}
     assert "took 3 verification steps, the standard path's 2" in first_speculative_difference(std, cand)
+
+
+def test_vllm_leg_is_said_not_run_for_speculative_ops(tmp_path, monkeypatch):
+    from guards.verdict import Verdict
+
+    monkeypatch.setattr(ModelEvalGuard, "_speculative",
+                        lambda self, ctx, s: Verdict(guard="model_eval", status=Status.PASS, summary="Agrees."))
+    v = ModelEvalGuard(dataclasses.replace(SPEC, vllm="on")).check(_ctx(tmp_path, tmp_path, TASK))
+    assert v.status is Status.PASS
+    assert v.summary == ("Agrees. The vLLM leg was asked for but not run: the vLLM leg decodes without drafts, so it "
+                         "never calls this op.")
+    assert [e.value for e in v.evidence if e.name == "vllm_leg"] == [
+        "not run: the vLLM leg decodes without drafts, so it never calls this op"]
+    off = ModelEvalGuard(SPEC).check(_ctx(tmp_path, tmp_path, TASK))
+    assert off.summary == "Agrees." and not off.evidence
