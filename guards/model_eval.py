@@ -442,12 +442,7 @@ class ModelEvalGuard:
         sb = dataclasses.replace(s, context_tokens=s.bf16_context_tokens, generate_tokens=s.bf16_generate_tokens,
                                  prefill_chunk=BF16_PREFILL_CHUNK, page_tokens=BF16_PAGE_TOKENS)
         std_out = self._run(ctx, "standard", prompts, wseed, sb, dtype="bfloat16")
-        std = _model_eval_response(std_out)
-        if std is None or std.get("kernel_module_imported"):
-            why = ("it imported the candidate's kernel module" if std is not None else
-                   std_out.problem or str((std_out.response or {}).get("error", "")).strip()[:500])
-            raise RuntimeError(f"the standard-path bfloat16 model run failed (no candidate code ran in it): {why} "
-                               f"{std_out.stderr_tail[-800:]}")
+        std = _standard_response(std_out, "bfloat16 model run")
         cand_out = self._run(ctx, LS, prompts, wseed, sb, forced=std["tokens"], dtype="bfloat16")
         cand = _model_eval_response(cand_out)
         ev = [Evidence(name="bf16_batch", value=s.batch, unit="sequences"),
@@ -661,12 +656,7 @@ class ModelEvalGuard:
                              memory_bytes=ctx.task.timeouts.memory_bytes, device=ctx.device)
 
         std_out = run("standard")
-        std = _model_eval_response(std_out)
-        if std is None or std.get("kernel_module_imported"):
-            why = ("it imported the candidate's kernel module" if std is not None else
-                   std_out.problem or str((std_out.response or {}).get("error", "")).strip()[:500])
-            raise RuntimeError(f"the standard-path speculative model run failed (no candidate code ran in it): {why} "
-                               f"{std_out.stderr_tail[-800:]}")
+        std = _standard_response(std_out, "speculative model run")
         if not std["verify_implementations"]:
             raise RuntimeError(f"k3_model.model.SPECULATIVE_OPS lists {ctx.task.op!r} but the standard speculative run "
                                "never called it; fix the list or k3_model.decode.generate_speculative")
@@ -877,6 +867,21 @@ def vllm_kv_cache_bytes(s: ModelEvalSettings) -> int:
     mla = sum(1 for i in range(t.num_hidden_layers) if t.is_mla_layer(i))
     per_token = mla * (t.kv_lora_rank + t.qk_rope_head_dim) * 4
     return 2 * s.batch * (s.context_tokens + s.generate_tokens) * per_token + (16 << 20)
+
+
+def _standard_response(out, what: str) -> dict:
+    """The standard child's ``model_eval`` result.
+
+    Raises:
+        RuntimeError: the child failed or imported the candidate's kernel module (no candidate code may
+            run in it, so either is the workbench's fault, not the candidate's); ``what`` names the run.
+    """
+    std = _model_eval_response(out)
+    if std is None or std.get("kernel_module_imported"):
+        why = ("it imported the candidate's kernel module" if std is not None else
+               out.problem or str((out.response or {}).get("error", "")).strip()[:500])
+        raise RuntimeError(f"the standard-path {what} failed (no candidate code ran in it): {why} {out.stderr_tail[-800:]}")
+    return std
 
 
 def _model_eval_response(out) -> dict | None:

@@ -700,6 +700,17 @@ def _time_sides(fns: dict[str, Callable[[], None]], spec: BenchModelSpec, *, war
     return out
 
 
+def _time_from_state(fns: dict[str, Callable[[], None]], restore: Callable[[], None], spec: BenchModelSpec, *,
+                     repetitions: int) -> dict[str, list[float]]:
+    """Eager steps that each start from the same state: :data:`MIXED_WARMUP` untimed calls per side, then
+    :func:`_time_sides` with ``restore`` before every call (untimed)."""
+    for _ in range(MIXED_WARMUP):
+        for f in fns.values():
+            restore()
+            f()
+    return _time_sides(fns, spec, warmup=0, repetitions=repetitions, before_call=restore)
+
+
 def _profile(fn: Callable[[], None], steps: int, device: str) -> ProfileReport:
     """``torch.profiler`` over ``steps`` calls of ``fn``: the top ops by self device time (CUDA) or self
     CPU time (CPU), per step. A profiler failure is recorded in ``error`` (the numbers stand without it)."""
@@ -926,12 +937,7 @@ def _mixed(model, store: _Contexts, prompts, spec: BenchModelSpec, B: int, c: in
             per_step[side].append(list(trace.decisions))
         return call
 
-    fns = {s: mixed(s) for s in spec.backends}
-    for _ in range(MIXED_WARMUP):
-        for f in fns.values():
-            restore()
-            f()
-    samples = _time_sides(fns, spec, warmup=0, repetitions=spec.mixed_steps, before_call=restore)
+    samples = _time_from_state({s: mixed(s) for s in spec.backends}, restore, spec, repetitions=spec.mixed_steps)
     tokens = ch + B - 1
     sides = {s: _side(s, samples[s], tokens, _trace_summary(per_step[s][-spec.mixed_steps:], "per_call"))
              for s in spec.backends}
@@ -1021,12 +1027,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
             per_step[side].append(list(trace.decisions))
         return call
 
-    fns = {s: step(s) for s in spec.backends}
-    for _ in range(MIXED_WARMUP):
-        for f in fns.values():
-            restore()
-            f()
-    samples = _time_sides(fns, spec, warmup=0, repetitions=spec.steps, before_call=restore)
+    samples = _time_from_state({s: step(s) for s in spec.backends}, restore, spec, repetitions=spec.steps)
     restore()
     tokens = emitted[spec.backends[0]]
     if tokens < B:
