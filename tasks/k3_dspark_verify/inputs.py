@@ -24,6 +24,12 @@ GREEDY_FRACTION = 0.4
 TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 TOP_KS = (1, 20, 50, 200)
 TOP_PS = (0.7, 0.9, 0.95)
+TEMPERATURE_RANGE = (0.02, 2.0)
+"""Log-uniform range of the continuous temperature draws (half of the sampled requests). Session 20's red
+team: a kernel that took every temperature below 0.25 for greedy was accepted, because the listed values
+stop at 0.6 and the sweep's 0.05 is greedy in effect on realistic logits."""
+TOP_P_RANGE = (0.5, 0.999)
+"""Uniform range of the continuous top-p draws (half of the requests with top-p on)."""
 
 
 def off_top_ks(V: int) -> tuple[int, ...]:
@@ -100,14 +106,27 @@ def _garbage_padding(d: _Draw) -> None:
 
 
 def _sampling_params(d: _Draw, greedy_fraction: float) -> None:
-    """Per-request temperature (0.0 = greedy), top-k (off: :func:`off_top_ks`) and top-p (1.0 = off)."""
+    """Per-request temperature (0.0 = greedy), top-k (off: :func:`off_top_ks`) and top-p (1.0 = off).
+
+    Half of the sampled temperatures come from :data:`TEMPERATURES`, half log-uniform over
+    :data:`TEMPERATURE_RANGE`; half of the top-k values that are on come from :data:`TOP_KS`, half
+    log-uniform over [1, V - 1] (any k a request may ask for); half of the top-p values that are on come
+    from :data:`TOP_PS`, half uniform over :data:`TOP_P_RANGE`. Session 20's red team: a kernel that cut
+    every top-k above 256 to 256 was accepted, because no draw asked for 200 < k < V."""
     B = d.B
     pick = lambda xs: torch.tensor(xs)[d.randint(0, len(xs), B)]  # noqa: E731
     greedy = d.rand(B) < greedy_fraction
-    d.temperature = torch.where(greedy, torch.zeros(B), pick(TEMPERATURES).float())
+    lo, hi = (torch.log(torch.tensor(x)) for x in TEMPERATURE_RANGE)
+    smooth_t = torch.exp(lo + (hi - lo) * d.rand(B))
+    temps = torch.where(d.rand(B) < 0.5, pick(TEMPERATURES).float(), smooth_t)
+    d.temperature = torch.where(greedy, torch.zeros(B), temps)
     off = pick(off_top_ks(d.V)).int()  # "off" in every spelling the contract allows
-    d.top_k = torch.where(d.rand(B) < 0.6, off, pick(TOP_KS).int()).int()
-    d.top_p = torch.where(d.rand(B) < 0.5, torch.ones(B), pick(TOP_PS).float())
+    wide_k = torch.exp(torch.log(torch.tensor(float(max(d.V - 1, 1)))) * d.rand(B)).floor().clamp(1, max(d.V - 1, 1))
+    ks = torch.where(d.rand(B) < 0.5, pick(TOP_KS).float(), wide_k).int()
+    d.top_k = torch.where(d.rand(B) < 0.6, off, ks).int()
+    smooth_p = TOP_P_RANGE[0] + (TOP_P_RANGE[1] - TOP_P_RANGE[0]) * d.rand(B)
+    ps = torch.where(d.rand(B) < 0.5, pick(TOP_PS).float(), smooth_p)
+    d.top_p = torch.where(d.rand(B) < 0.5, torch.ones(B), ps)
 
 
 def _drafts(d: _Draw, with_probs: bool) -> None:
