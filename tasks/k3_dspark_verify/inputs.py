@@ -304,6 +304,35 @@ def _u_zero(d: _Draw, with_probs: bool) -> None:
             d.q /= d.q.sum(-1, keepdim=True)
 
 
+def _sampling_knobs(d: _Draw, with_probs: bool) -> None:
+    """Every request sampled, its knobs over their whole legal ranges (temperature log-uniform over
+    :data:`TEMPERATURE_RANGE`, top-k off, log-uniform over [1, V - 1] or uniform over [V / 8, V - 1]
+    (a cut deep in the tail), top-p off or uniform over
+    :data:`TOP_P_RANGE`), on logits where each knob changes the outcome: a flat N(0, 0.5^2) body, so a
+    wide top-k cuts real mass (the tokens past rank 256 hold most of it at V = 4096), and 2-4 leaders
+    within 0.5 logits of each other, so a low temperature still samples among them (it is not greedy).
+    Session 20's red team: kernels taking T < 0.25 for greedy, or cutting top-k to 256, passed every
+    other draw."""
+    _base(d, with_probs, 0.0)
+    B, P, V = d.B, d.D + 1, d.V
+    x = 0.5 * torch.randn(B, P, V, generator=d.gen)
+    n_lead = min(4, V)
+    ids = torch.stack([torch.randperm(V, generator=d.gen)[:n_lead] for _ in range(B * P)]).view(B, P, n_lead)
+    lead = x.amax(-1, keepdim=True) + 1.0 + 0.5 * d.rand(B, P, n_lead)
+    used = d.randint(2, n_lead + 1, B, P, 1) if n_lead >= 2 else torch.ones(B, P, 1, dtype=torch.int64)
+    lead = torch.where(torch.arange(n_lead).view(1, 1, -1) < used, lead, x.gather(-1, ids))
+    d.logits = x.scatter(-1, ids, lead).to(torch.bfloat16).float()
+    lo, hi = (torch.log(torch.tensor(v)) for v in TEMPERATURE_RANGE)
+    d.temperature = torch.exp(lo + (hi - lo) * d.rand(B))
+    wide_k = torch.exp(torch.log(torch.tensor(float(max(V - 1, 1)))) * d.rand(B)).floor().clamp(1, max(V - 1, 1))
+    large_k = (V / 8 + (V - 1 - V / 8) * d.rand(B)).floor().clamp(1, max(V - 1, 1))  # cuts the tail, keeps most
+    pick = d.randint(0, 3, B)
+    d.top_k = torch.where(pick == 0, torch.zeros(B), torch.where(pick == 1, wide_k, large_k)).int()
+    d.top_p = torch.where(d.rand(B) < 0.5, torch.ones(B), TOP_P_RANGE[0] + (TOP_P_RANGE[1] - TOP_P_RANGE[0]) * d.rand(B))
+    _drafts(d, with_probs)
+    _ragged(d)
+
+
 CASES: dict[str, Callable[[_Draw, bool], None]] = {
     "realistic": _realistic,
     "greedy": _greedy,
@@ -318,6 +347,7 @@ CASES: dict[str, Callable[[_Draw, bool], None]] = {
     "greedy_ties": _greedy_ties,
     "top_p_tiny": _top_p_tiny,
     "u_zero": _u_zero,
+    "sampling_knobs": _sampling_knobs,
 }
 """Case name -> filler ``(draw, with_draft_probs) -> None``."""
 
