@@ -564,7 +564,8 @@ def _model_eval_speculative(req, model):
                              page_tokens=s["page_tokens"], greedy_logits_dtype=logits_dtype).tokens
     res = generate_speculative(
         model, prompts, s["generate_tokens"], drafter=SyntheticDrafter(reference, sp["acceptance_length"],
-                                                                       model.text.vocab_size),
+                                                                       model.text.vocab_size,
+                                                                       draft_counts=sp.get("draft_counts")),
         num_draft_tokens=D, temperature=torch.tensor(sp["temperature"], dtype=torch.float32),
         top_k=torch.tensor(sp["top_k"], dtype=torch.int32), top_p=torch.tensor(sp["top_p"], dtype=torch.float32),
         seed=sp["seed"], decode_backend="standard", verify_backend=req["decode_backend"], logits_dtype=logits_dtype,
@@ -575,6 +576,7 @@ def _model_eval_speculative(req, model):
             for k, v in st["implementations"].items():
                 impls[k] = impls.get(k, 0) + v
     return {"reference": reference, "tokens": res.tokens, "accepted": res.accepted, "emitted": res.emitted,
+            "num_drafts": res.num_drafts, "verify_reasons": res.verify_reasons, "vocab_size": model.text.vocab_size,
             "verify_implementations": res.verify_implementations, "implementations": {"decode": impls},
             "kernel_module_imported": f"k3_model.kernels.{req['op']}" in sys.modules}
 

@@ -159,15 +159,23 @@ BF16_SAFETY = 2.0
 SPEC_DRAFT_TOKENS = 7
 """Draft tokens per request per verification step in the speculative leg (K3's DSpark: 7; seed)."""
 SPEC_ACCEPTANCE_LENGTH = 6
-"""The synthetic drafter's acceptance length on greedy requests (the seed's "synthetic AL = 6")."""
-SPEC_TEMPERATURE = (0.0, 0.3, 0.0, 0.8)
-"""Per-request temperature of the speculative leg's batch: two greedy requests (the synthetic acceptance
-length) and two sampled ones: at 0.3 a request follows the greedy drafts for a few tokens (sampled accepts),
-at 0.8 it leaves them at once (rejections, recovered and bonus tokens drawn from the draws)."""
+"""The synthetic drafter's acceptance length on the headline request (request 0: the seed's "synthetic
+AL = 6" at D = 7)."""
+SPEC_TEMPERATURE = (0.0, 0.05, 0.0, 0.8)
+"""Per-request temperature of the speculative leg's batch: greedy requests 0 and 2; request 1 samples at a
+low temperature, so it keeps to the greedy drafts and accepts them by its accept tests (sampled accepts and
+bonus tokens); request 3 samples at 0.8 with top-k 50, leaving the drafts at once (rejections and
+recovered tokens)."""
 SPEC_TOP_K = (0, 0, 0, 50)
 """Per-request top-k (0 = off) of the speculative leg."""
 SPEC_TOP_P = (1.0, 0.9, 1.0, 1.0)
 """Per-request top-p (1.0 = off) of the speculative leg."""
+SPEC_ACCEPTANCE_LENGTHS = (SPEC_ACCEPTANCE_LENGTH, 8, 8, SPEC_ACCEPTANCE_LENGTH)
+"""Per-request acceptance length of the synthetic drafter: 8 (every draft right) gives requests 1 and 2 a
+bonus token at every step they keep to the reference."""
+SPEC_DRAFT_COUNTS = (SPEC_DRAFT_TOKENS, SPEC_DRAFT_TOKENS, 3, SPEC_DRAFT_TOKENS)
+"""Drafts per request per step (n_b): request 2 proposes 3 of the 7 (ragged draft counts, as a drafter
+that is unsure proposes fewer)."""
 SPEC_PREFILL_CHUNK = 64
 """Prompt tokens per prefill forward in the speculative leg (tokens): its short prompt still hands the KDA
 state over between chunks."""
@@ -639,7 +647,8 @@ class ModelEvalGuard:
         prompts = torch.randint(0, bos, (R, s.spec_context_tokens), generator=gen)
         sp = dataclasses.replace(s, context_tokens=s.spec_context_tokens, generate_tokens=s.spec_generate_tokens,
                                  prefill_chunk=SPEC_PREFILL_CHUNK, page_tokens=SPEC_PAGE_TOKENS)
-        spec = {"draft_tokens": SPEC_DRAFT_TOKENS, "acceptance_length": SPEC_ACCEPTANCE_LENGTH,
+        spec = {"draft_tokens": SPEC_DRAFT_TOKENS, "acceptance_length": list(SPEC_ACCEPTANCE_LENGTHS),
+                "draft_counts": list(SPEC_DRAFT_COUNTS),
                 "temperature": list(SPEC_TEMPERATURE), "top_k": list(SPEC_TOP_K), "top_p": list(SPEC_TOP_P),
                 "logits_dtype": SPEC_LOGITS_DTYPE, "seed": _seed(ctx.seed, "speculative-draws")}
         wseed = _seed(ctx.seed, "weights")
@@ -662,23 +671,24 @@ class ModelEvalGuard:
                                "never called it; fix the list or k3_model.decode.generate_speculative")
         cand_out = run(LS, reference=std["reference"])
         cand = _model_eval_response(cand_out)
-        greedy = [b for b, t in enumerate(SPEC_TEMPERATURE) if t == 0.0]
-        from k3_model.decode import acceptance_length
+        from k3_model.decode import acceptance_length  # trusted: the workbench's own checkout
 
         al = acceptance_length(std["accepted"])
+        kinds = decision_kinds(std["accepted"], std["num_drafts"], SPEC_TEMPERATURE)
         ev = [Evidence(name="speculative_requests", value=R, unit="requests",
-                       path=f"temperatures {list(SPEC_TEMPERATURE)}, top-k {list(SPEC_TOP_K)}, top-p {list(SPEC_TOP_P)}"),
+                       path=f"temperatures {list(SPEC_TEMPERATURE)}, top-k {list(SPEC_TOP_K)}, top-p {list(SPEC_TOP_P)}, "
+                            f"drafts {list(SPEC_DRAFT_COUNTS)}"),
               Evidence(name="draft_tokens", value=SPEC_DRAFT_TOKENS, unit="tokens per step"),
               Evidence(name="synthetic_acceptance_length", value=SPEC_ACCEPTANCE_LENGTH, unit="tokens per step",
-                       path="greedy requests, while they follow the standard path's greedy tokens"),
+                       path="request 0 (greedy), while it follows the standard path's greedy tokens"),
               Evidence(name="context_tokens", value=sp.context_tokens, unit="tokens"),
               Evidence(name="generated_tokens", value=sp.generate_tokens, unit="tokens per request"),
               Evidence(name="verification_steps", value=int(std["accepted"].shape[0]), unit="steps"),
-              Evidence(name="greedy_acceptance_length", value=round(float(al[greedy].mean()), 3),
-                       unit="tokens per step", path="standard run, mean over the greedy requests"),
-              Evidence(name="sampled_acceptance_length",
-                       value=round(float(al[[b for b in range(R) if b not in greedy]].mean()), 3),
-                       unit="tokens per step", path="standard run, mean over the sampled requests")]
+              Evidence(name="acceptance_lengths", value=[round(float(x), 3) for x in al], unit="tokens per step",
+                       path="standard run, per request (accepted drafts + 1)"),
+              Evidence(name="decisions_judged", value=kinds, unit="count",
+                       path="standard run: bonus = every draft accepted; rejection = a draft rejected "
+                            "(greedy mismatch, or a sampled accept test failed: a recovered token)")]
         if cand is None:
             why = cand_out.problem or (str((cand_out.response or {}).get("error", "")).strip().splitlines() or [""])[0]
             return Verdict(guard=self.name, status=Status.FAIL,
@@ -691,10 +701,12 @@ class ModelEvalGuard:
                            path=f"of {sum(cand['verify_implementations'].values())} verification steps"))
         ev.append(Evidence(name="child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s"))
         if calls == 0:
+            why = "; ".join(cand.get("verify_reasons") or []) or "no reason recorded"
             return Verdict(guard=self.name, status=Status.SKIP,
-                           summary=f"The candidate's kernel never ran in speculative decoding on {ctx.device} (batches "
-                                   f"of {R} requests with {SPEC_LOGITS_DTYPE} logits outside its declared scope, or no "
-                                   "kernel merged); nothing to compare.", evidence=tuple(ev))
+                           summary=f"The candidate's kernel never ran in speculative decoding on {ctx.device}: the "
+                                   f"dispatcher said \"{why}\" (the leg's calls: batches of 1-{R} requests, D = "
+                                   f"{SPEC_DRAFT_TOKENS}, V = {cand['vocab_size']}, {SPEC_LOGITS_DTYPE} logits, one-hot "
+                                   "drafts); nothing to compare.", evidence=tuple(ev))
         diff = first_speculative_difference(std, cand)
         if diff is not None:
             return Verdict(guard=self.name, status=Status.FAIL,
@@ -705,9 +717,8 @@ class ModelEvalGuard:
         return Verdict(guard=self.name, status=Status.PASS,
                        summary=f"Speculative decoding with the candidate's verification emits the standard path's "
                                f"tokens exactly: {int(std['accepted'].shape[0])} verification steps x {R} requests "
-                               f"(D = {SPEC_DRAFT_TOKENS}; greedy requests at acceptance length "
-                               f"{float(al[greedy].mean()):.2f}, sampled ones at "
-                               f"{float(al[[b for b in range(R) if b not in greedy]].mean()):.2f}) after a "
+                               f"(D = {SPEC_DRAFT_TOKENS}; acceptance lengths {', '.join(f'{x:.2f}' for x in al.tolist())}; "
+                               f"{', '.join(f'{k} {v}' for k, v in kinds.items())}) after a "
                                f"{sp.context_tokens}-token context.",
                        evidence=tuple(ev))
 
@@ -811,6 +822,26 @@ class ModelEvalGuard:
                                f"{cmp.max_drift:.2g} nats, bound {s.max_logprob_drift:g}; kernel on {ls_steps} of "
                                f"{len(decode)} decode steps).",
                        evidence=tuple(ev))
+
+
+def decision_kinds(accepted, num_drafts, temperature) -> dict[str, int]:
+    """How many verification decisions of each kind a speculative run made: per request and step, a bonus
+    token (every draft accepted) or a rejection, greedy or sampled; and the sampled requests' accepted drafts.
+
+    Args:
+        accepted: (S, B) int64 accepted drafts (-1: the request was not in the step).
+        num_drafts: (S, B) int64 drafts proposed (n_b).
+        temperature: B per-request temperatures (0.0 = greedy).
+    """
+    import torch
+
+    greedy = torch.tensor([t == 0.0 for t in temperature]).view(1, -1).expand_as(accepted)
+    taken = accepted >= 0
+    bonus = taken & (accepted == num_drafts)
+    rejected = taken & (accepted < num_drafts)
+    return {"greedy bonus": int((bonus & greedy).sum()), "greedy rejections": int((rejected & greedy).sum()),
+            "sampled bonus": int((bonus & ~greedy).sum()), "sampled rejections": int((rejected & ~greedy).sum()),
+            "sampled accepts": int(accepted.where(taken & ~greedy, torch.zeros_like(accepted)).sum())}
 
 
 def first_speculative_difference(std: dict, cand: dict) -> str | None:

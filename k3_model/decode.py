@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -167,42 +168,50 @@ def generate(model: K3Model, prompts: torch.Tensor, max_new_tokens: int, *, deco
 
 
 class SyntheticDrafter:
-    """A drafter that reproduces a chosen acceptance length on greedy requests (the seed's "synthetic AL").
+    """A drafter that reproduces chosen acceptance lengths on greedy requests (the seed's "synthetic AL").
 
-    At each verification step request b, having emitted p tokens, proposes D drafts for its tokens p,
-    p + 1, ...: the first ``acceptance_length - 1`` are the reference continuation's tokens there
+    At each verification step request b, having emitted p tokens, proposes n_b drafts for its tokens p,
+    p + 1, ...: the first ``AL_b - 1`` are the reference continuation's tokens there
     (``reference[b, p + i]``), the rest differ from it (``(reference[b, p + i] + 1) % V``; token 0 past the
     reference's end). While a greedy request's tokens equal the reference (its own greedy continuation,
-    e.g. from :func:`generate` on the standard path), it accepts exactly ``acceptance_length - 1`` drafts
-    a step and emits ``acceptance_length`` tokens. A sampled request accepts each draft with the target's
-    probability of it (one-hot drafts).
+    e.g. from :func:`generate` on the standard path), it accepts exactly ``min(AL_b - 1, n_b)`` drafts a
+    step. A sampled request accepts each draft with the target's probability of it (one-hot drafts).
 
     Args:
         reference: (B, R) int64 token ids, the continuation drafts are taken from.
-        acceptance_length: AL in [1, D + 1]: drafts per step that match the reference, plus one.
+        acceptance_length: AL >= 1, for every request or one per request.
         vocab_size: V (wrong drafts stay inside the vocabulary).
+        draft_counts: n_b per request (ragged drafts), each in [0, D]; default D for every request.
 
     Raises:
-        ValueError: ``reference`` is not 2-D, or ``acceptance_length`` < 1.
+        ValueError: ``reference`` is not 2-D, an acceptance length < 1, a draft count < 0, or a per-request
+            list whose length is not B.
     """
 
-    def __init__(self, reference: torch.Tensor, acceptance_length: int, vocab_size: int) -> None:
-        if reference.dim() != 2 or acceptance_length < 1:
-            raise ValueError(f"SyntheticDrafter: need a (B, R) reference and acceptance_length >= 1; got shape "
-                             f"{tuple(reference.shape)}, acceptance_length {acceptance_length}.")
+    def __init__(self, reference: torch.Tensor, acceptance_length: int | Sequence[int], vocab_size: int, *,
+                 draft_counts: Sequence[int] | None = None) -> None:
+        B = reference.shape[0] if reference.dim() == 2 else -1
+        als = [acceptance_length] * max(B, 0) if isinstance(acceptance_length, int) else list(acceptance_length)
+        counts = None if draft_counts is None else list(draft_counts)
+        if (reference.dim() != 2 or len(als) != B or min(als, default=1) < 1
+                or (counts is not None and (len(counts) != B or min(counts, default=0) < 0))):
+            raise ValueError(f"SyntheticDrafter: need a (B, R) reference, acceptance lengths >= 1 and draft counts "
+                             f">= 0 (one per request when a list); got shape {tuple(reference.shape)}, acceptance "
+                             f"lengths {acceptance_length}, draft counts {draft_counts}.")
         self.reference = reference.to("cpu", torch.int64)
-        self.acceptance_length, self.vocab_size = acceptance_length, vocab_size
+        self.acceptance_lengths, self.draft_counts, self.vocab_size = als, counts, vocab_size
 
     def propose(self, request: int, emitted: int, num_drafts: int) -> list[int]:
-        """D draft ids for ``request`` after ``emitted`` tokens (see the class docstring)."""
+        """The drafts of ``request`` after ``emitted`` tokens, at most ``num_drafts`` (see the class docstring)."""
         R = self.reference.shape[1]
+        n = num_drafts if self.draft_counts is None else min(num_drafts, self.draft_counts[request])
         out = []
-        for i in range(num_drafts):
+        for i in range(n):
             j = emitted + i
             ref = int(self.reference[request, j]) if j < R else None
             if ref is None:
                 out.append(0)
-            elif i < self.acceptance_length - 1:
+            elif i < self.acceptance_lengths[request] - 1:
                 out.append(ref)
             else:
                 out.append((ref + 1) % self.vocab_size)
@@ -218,10 +227,12 @@ class SpeculativeResult:
         accepted: (S, B) int64, drafts each request accepted at each of the S verification steps (0..D;
             -1 once the request has its G tokens and has left the batch).
         emitted: (S, B) int64, tokens each request emitted at each step (accepted + 1; 0 after it left).
+        num_drafts: (S, B) int64, drafts each request proposed at each step (n_b; -1 after it left).
         steps: one dict per forward, as :attr:`GenerationResult.steps`; a verification step's
             ``implementations`` include the ``dspark_verify`` call.
         verify_implementations: ``"dspark_verify:implementation" -> calls`` over all steps.
         num_draft_tokens: D.
+        verify_reasons: the dispatcher's distinct reasons for the ``dspark_verify`` calls, in order.
     """
 
     tokens: torch.Tensor
@@ -230,6 +241,8 @@ class SpeculativeResult:
     steps: list[dict[str, Any]]
     verify_implementations: dict[str, int]
     num_draft_tokens: int
+    num_drafts: torch.Tensor | None = None
+    verify_reasons: list[str] = dataclasses.field(default_factory=list)
 
     def acceptance_length(self) -> torch.Tensor:
         """(B,) float64: mean tokens emitted per verification step of each request (accepted drafts + 1),
@@ -302,9 +315,12 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
     step at a time and keeps the state after each (:meth:`KDAState.track_positions`); the rejected
     tokens are then dropped: the MLA cache by length, the KDA state from the kept position.
 
-    Random numbers are inputs of the verification: per step, ``uniform_draws`` (B, D) then
-    ``exponential_noise`` (B, V) are drawn from one generator seeded with ``seed``, so two runs whose
-    verifications agree draw the same numbers.
+    A request's drafts may be fewer than D (ragged, ``n_b``; the drafter decides): it runs 1 + n_b tokens
+    and the verification reads rows past n_b as padding. Random numbers come from one generator seeded
+    with ``seed``: first an Exp(1) vector (B, V) for the sampled requests' first token (the op's
+    exponential race over the request's target distribution, :func:`k3_model.ops.dspark_verify.target_probs`),
+    then per step ``uniform_draws`` (A, D) and ``exponential_noise`` (A, V) for the A requests still in the
+    batch, so two runs whose verifications agree draw the same numbers.
 
     Args:
         model: the model.
@@ -359,16 +375,22 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
     check_finite("generate_speculative: logits after the prompt", logits[:, -1])
     caches = split_cache(model, cache, page_tokens=page_tokens, max_tokens=max_tokens)
     del cache
-    # the first token comes from the prompt's last logits, as in generate (greedy or one sample)
+    # the first token comes from the prompt's last logits: the greedy choice the verification makes, or one
+    # draw from the request's target distribution (temperature, top-k, top-p) by the op's exponential race
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    first = logits[:, -1].to(logits_dtype).argmax(-1).cpu()  # the greedy choice the verification makes
+    last = logits[:, -1].to(logits_dtype).cpu()
+    first = last.argmax(-1)
     sampled = temperature > 0
     if bool(sampled.any()):
-        probs = torch.softmax(logits[:, -1].float().cpu() / temperature.clamp_min(1e-6).view(B, 1), -1)
-        first = torch.where(sampled, torch.multinomial(probs, 1, generator=gen).squeeze(1), first)
+        from k3_model.ops.dspark_verify import target_probs
+
+        race = target_probs(last, temperature, top_k, top_p) / torch.empty(B, V).exponential_(generator=gen).clamp_min(
+            torch.finfo(torch.float32).tiny)
+        first = torch.where(sampled, race.argmax(-1), first)
     emitted_tokens: list[list[int]] = [[int(t)] for t in first]
-    accepted_log, emitted_log = [], []
+    accepted_log, emitted_log, drafts_log = [], [], []
     verify_impls: Counter[str] = Counter()
+    reasons: dict[str, None] = {}
     params = [x.to(dev) for x in (temperature, top_k, top_p)]
     while True:
         active = [b for b in range(B) if len(emitted_tokens[b]) < max_new_tokens]  # a finished request leaves
@@ -376,6 +398,9 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
             break
         A = len(active)
         drafts = [drafter.propose(b, len(emitted_tokens[b]), D) for b in active]
+        if any(len(d) > D for d in drafts):
+            raise ValueError(f"generate_speculative: the drafter proposed {max(len(d) for d in drafts)} drafts; at "
+                             f"most num_draft_tokens = {D}.")
         groups = [(torch.tensor([[emitted_tokens[b][-1], *d]], device=dev), caches[b]) for b, d in zip(active, drafts)]
         lengths = [caches[b].length for b in active]
         for b in active:
@@ -383,40 +408,47 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
                 if isinstance(st, KDAState):
                     st.track_positions()
         idx = torch.tensor(active, device=dev)
+        padded = torch.full((A, D), -1, dtype=torch.int32)  # -1 past n_b: padding the op never reads
+        for i, d in enumerate(drafts):
+            padded[i, :len(d)] = torch.tensor(d, dtype=torch.int32)
+        n_b = torch.tensor([len(d) for d in drafts], dtype=torch.int32)
         with record_trace() as trace:
             with forward_context(decode_backend=decode_backend, phase="decode"):
-                out = model.forward_groups(groups)
-            target = torch.cat(out).to(logits_dtype)  # (A, 1 + D, V)
+                out = model.forward_groups(groups)  # request i: (1, 1 + n_i, V)
+            target = torch.zeros(A, D + 1, V, dtype=logits_dtype, device=dev)  # rows past n_b: padding
+            for i, lg in enumerate(out):
+                target[i, :lg.shape[1]] = lg[0].to(logits_dtype)
             check_finite("generate_speculative: verification logits", target)
             u = torch.rand(A, D, generator=gen).to(dev)
             noise = torch.empty(A, V).exponential_(generator=gen).clamp_min(torch.finfo(torch.float32).tiny).to(dev)
             ids = torch.full((A, D + 1), -1, dtype=torch.int32, device=dev)
             n_acc = torch.zeros(A, dtype=torch.int32, device=dev)
             with forward_context(decode_backend=verify_backend, phase="decode"):
-                dspark_verify(target, torch.tensor(drafts, dtype=torch.int32, device=dev),
-                              torch.full((A,), D, dtype=torch.int32, device=dev), None,
-                              *(x[idx].contiguous() for x in params), u, noise,
-                              max_draft_tokens=D, output_token_ids=ids, num_accepted_tokens=n_acc)
+                dspark_verify(target, padded.to(dev), n_b.to(dev), None, *(x[idx].contiguous() for x in params), u,
+                              noise, max_draft_tokens=D, output_token_ids=ids, num_accepted_tokens=n_acc)
         impls = Counter(f"{d.op}:{d.implementation}" for d in trace.decisions)
         verify_impls.update({k: v for k, v in impls.items() if k.startswith("dspark_verify:")})
-        steps.append({"index": len(steps), "phase": "decode", "tokens": 1 + D, "requests": A,
+        reasons.update({d.reason: None for d in trace.decisions if d.op == "dspark_verify"})
+        steps.append({"index": len(steps), "phase": "decode", "tokens": int(n_b.sum()) + A, "requests": A,
                       "implementations": dict(impls)})
         n_acc, ids = n_acc.cpu().long(), ids.cpu().long()
-        if bool(((n_acc < 0) | (n_acc > D)).any()):
+        if bool(((n_acc < 0) | (n_acc > n_b)).any()):
             raise ValueError(f"generate_speculative: dspark_verify returned accepted counts {n_acc.tolist()} outside "
-                             f"[0, {D}].")
+                             f"[0, n_b] for draft counts {n_b.tolist()}.")
         row = torch.full((B,), -1, dtype=torch.int64)
+        nrow = torch.full((B,), -1, dtype=torch.int64)
         for i, b in enumerate(active):
             a = int(n_acc[i])
             emitted_tokens[b] += [int(t) for t in ids[i, :a + 1]]
             rewind_cache(caches[b], lengths[i], a + 1)
-            row[b] = a
+            row[b], nrow[b] = a, int(n_b[i])
         accepted_log.append(row)
         emitted_log.append(torch.where(row >= 0, row + 1, torch.zeros_like(row)))
+        drafts_log.append(nrow)
     tokens = torch.tensor([e[:max_new_tokens] for e in emitted_tokens], dtype=torch.int64)
-    return SpeculativeResult(tokens, torch.stack(accepted_log) if accepted_log else torch.zeros(0, B, dtype=torch.int64),
-                             torch.stack(emitted_log) if emitted_log else torch.zeros(0, B, dtype=torch.int64),
-                             steps, dict(verify_impls), D)
+    log = lambda xs: torch.stack(xs) if xs else torch.zeros(0, B, dtype=torch.int64)  # noqa: E731
+    return SpeculativeResult(tokens, log(accepted_log), log(emitted_log), steps, dict(verify_impls), D,
+                             num_drafts=log(drafts_log), verify_reasons=list(reasons))
 
 
 class StaticDecodeStep:

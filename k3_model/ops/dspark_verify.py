@@ -151,6 +151,25 @@ def _apply_top_k_top_p(z: torch.Tensor, logits: torch.Tensor, top_k: torch.Tenso
     return z
 
 
+def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The target distribution of each request at one position, by the contract's rule (module docstring):
+    ``logits / T``, top-k on the logits (ties kept), softmax, top-p, renormalised.
+
+    Args:
+        logits: (B, V) bfloat16 or float32 (computed on in fp32). temperature: (B,) float32, > 0 for the
+            rows that are used (a greedy row, T = 0, gets T = 1 here: use its argmax instead).
+            top_k: (B,) int32. top_p: (B,) float32.
+
+    Returns:
+        (B, V) float32 probabilities.
+
+    Source: kernel_targets.md §2.1 (vLLM v1 sampling order: temperature, top-k, top-p).
+    """
+    x = logits.float().unsqueeze(1)
+    temp = torch.where(temperature == 0.0, torch.ones_like(temperature), temperature)
+    return _apply_top_k_top_p(x / temp.view(-1, 1, 1), x, top_k, top_p).softmax(-1).squeeze(1)
+
+
 def dspark_verify_standard(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,

@@ -20,6 +20,12 @@ candidate's branch (as the MoE task accepts near-tie swaps). The margins:
   absolute error of about sqrt(V) * 2^-24 ≈ 2.4e-5 when its terms round independently).
   The probabilities' bounds then cover both choices.
 
+* ``P_UNDERFLOW = 2**-100``: a target probability below it may be exactly 0 in fp32 (``exp`` of a logit
+  gap beyond ~87 nats underflows to a subnormal or, with flush-to-zero, to 0; a low temperature makes
+  such gaps: 20 logits at T = 0.2). Its lower bound is 0, so at u = 0 the draft may be rejected (the
+  fp32 probability is 0) or accepted (the exact one is not). Session 20: continuous temperature draws
+  down to 0.02 met this at u = 0.
+
 A decision is ambiguous only when the quantity it compares sits inside those bounds; with the
 task's inputs this happens in well under 1 of 10^4 decisions, so nearly every row is compared
 token for token.
@@ -40,6 +46,7 @@ OUTPUTS = ("output_token_ids", "num_accepted_tokens")
 PLACEHOLDER = -1
 REL_PROB = 1e-4
 EPS_MASS = 1e-4
+P_UNDERFLOW = 2.0 ** -100
 MAX_MESSAGES = 20
 
 
@@ -99,11 +106,12 @@ def target_dist(logits_row: torch.Tensor, temperature: float, top_k: int, top_p:
     if not bounds:
         return Dist(full(p), None, None)
     if keep is None:
-        return Dist(full(p), full(p * (1 - REL_PROB)), full(p * (1 + REL_PROB)))
+        lo = p * (1 - REL_PROB)
+        return Dist(full(p), full(torch.where(p < P_UNDERFLOW, 0.0, lo)), full(p * (1 + REL_PROB)))
     s_sure, s_maybe = float(pi[sure].sum()), float(pi[maybe].sum())
     hi = torch.where(sure | maybe, pi / s_sure, 0.0) * (1 + REL_PROB)
     lo = torch.where(sure, pi / (s_sure + s_maybe), 0.0) * (1 - REL_PROB)
-    return Dist(full(p), full(lo), full(hi))
+    return Dist(full(p), full(torch.where(lo < P_UNDERFLOW, 0.0, lo)), full(hi))
 
 
 def _argmax_first(v: torch.Tensor) -> int:

@@ -45,7 +45,8 @@ def test_greedy_speculative_decoding_emits_the_greedy_tokens_at_the_synthetic_ac
     assert (res.accepted == al - 1).all() and (res.acceptance_length() == al).all()
     assert res.verify_implementations == {"dspark_verify:standard": steps}
     decode = [s for s in res.steps if s["phase"] == "decode"]
-    assert len(decode) == steps and all(s["tokens"] == 8 and s["requests"] == 3 for s in decode)
+    assert len(decode) == steps and all(s["tokens"] == 3 * 8 and s["requests"] == 3 for s in decode)
+    assert (res.num_drafts == 7).all() and res.verify_reasons == ["decode_backend is standard"]
     # the MoE routing sees every request's 1 + D rows in one call per layer (8 LatentMoE layers)
     assert decode[0]["implementations"]["moe_dispatch:standard"] == 8
     assert decode[0]["implementations"]["kda_decode:standard"] > 0  # KDA runs the 8 tokens as decode steps
@@ -109,6 +110,34 @@ def test_latency_specialized_verification_emits_the_standard_tokens(model, promp
     assert all(k.endswith(":standard") for s in ls.steps for k in s["implementations"] if not k.startswith("dspark"))
 
 
+def test_per_request_acceptance_lengths_and_ragged_draft_counts(model, prompts, reference):
+    """Request 0 drafts 7 with AL 6, request 1 drafts 3 that are all right (its bonus token every step),
+    request 2 drafts none (bonus only): lossless, and each accepts what its drafter promises."""
+    drafter = SyntheticDrafter(reference, [6, 8, 1], model.text.vocab_size, draft_counts=[7, 3, 0])
+    res = generate_speculative(model, prompts, 24, drafter=drafter, num_draft_tokens=7, prefill_chunk=CHUNK,
+                               page_tokens=PAGE)
+    assert torch.equal(res.tokens, reference[:, :24])
+    taken = res.accepted >= 0
+    assert (res.accepted[:, 0][taken[:, 0]] == 5).all() and (res.accepted[:, 1][taken[:, 1]] == 3).all()
+    assert (res.accepted[:, 2] == 0).all() and (res.num_drafts[:, 2] == 0).all()
+    assert (res.num_drafts[:, 1][taken[:, 1]] == 3).all()
+    assert res.steps[-1]["tokens"] == 1 + 0  # only request 2 is left: its input token, no drafts
+    with pytest.raises(ValueError, match="draft counts >= 0"):
+        SyntheticDrafter(reference, 6, 10, draft_counts=[1, -1, 2])
+    with pytest.raises(ValueError, match="one per request"):
+        SyntheticDrafter(reference, [6, 6], 10)
+
+
+def test_a_sampled_first_token_obeys_top_k(model, prompts, reference):
+    """top-k 1 leaves one token: a sampled request's first token is then the greedy one, at any temperature
+    (the first draw uses the request's own target distribution, not the bare softmax)."""
+    kw = {"temperature": torch.tensor([2.0, 2.0, 2.0]), "top_k": torch.ones(3, dtype=torch.int32),
+          "top_p": torch.ones(3), "logits_dtype": torch.bfloat16}
+    for seed in (0, 1, 2):
+        res = _spec(model, prompts, reference, 6, seed=seed, **kw)
+        assert torch.equal(res.tokens[:, 0], reference[:, 0])
+
+
 def test_acceptance_length_counts_only_the_steps_a_request_took_part_in():
     acc = torch.tensor([[5, 0], [5, 2], [-1, 0]])
     assert acceptance_length(acc).tolist() == [6.0, pytest.approx(5 / 3)]
@@ -120,7 +149,7 @@ def test_bad_arguments_and_states_are_clear_errors(model, prompts, reference):
         generate_speculative(model, prompts, 4, drafter=drafter, num_draft_tokens=9)
     with pytest.raises(ValueError, match=r"temperature must be \(3,\) torch.float32; got \(2,\)"):
         generate_speculative(model, prompts, 4, drafter=drafter, num_draft_tokens=2, temperature=torch.zeros(2))
-    with pytest.raises(ValueError, match="acceptance_length >= 1"):
+    with pytest.raises(ValueError, match="acceptance lengths >= 1"):
         SyntheticDrafter(reference, 0, 10)
     st = KDAState.zeros(1, 2, 4, 4, "cpu")
     with pytest.raises(ValueError, match=r"keep must lie in \[1, tokens tracked\]; got 1 \(not tracking\)"):
