@@ -60,8 +60,10 @@ each), verifies them with ``dspark_verify`` on the logits rounded to :data:`SPEC
 each request's caches back to the tokens it kept. The drafter is synthetic: its first
 :data:`SPEC_ACCEPTANCE_LENGTH` - 1 drafts are the standard path's greedy tokens and the rest are wrong, so a
 greedy request emits exactly that many tokens a step (the seed's "synthetic AL = 6"); the batch mixes two
-greedy and two sampled requests (:data:`SPEC_TEMPERATURE`, top-k, top-p), whose accept tests and recovered
-and bonus tokens come from random draws that are inputs of the op. The standard child first makes the
+greedy and two sampled requests (:data:`SPEC_TEMPERATURE`, top-k, top-p; per-request acceptance lengths
+and ragged draft counts, :data:`SPEC_ACCEPTANCE_LENGTHS`, :data:`SPEC_DRAFT_COUNTS`), so greedy and sampled
+bonus tokens, rejections and sampled accepts all occur (counted in the evidence); the accept tests and
+recovered and bonus tokens come from random draws that are inputs of the op. The standard child first makes the
 greedy reference continuation (:func:`k3_model.decode.generate`, greedy over bf16-rounded logits), then
 decodes speculatively with the standard verification; the candidate child decodes the same way with the
 candidate's verification. The model itself runs on the standard path in both children, so their logits
