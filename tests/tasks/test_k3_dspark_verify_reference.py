@@ -373,7 +373,13 @@ def test_realistic_inputs_are_peaked_long_tailed_and_drafts_agree_often() -> Non
     tail = 1 - p.topk(100, dim=-1).values.sum(-1)
     assert float(tail.median()) > 1e-4  # a long tail carries real mass
     temp = x["temperature"]
-    assert 0.2 < float((temp == 0).float().mean()) < 0.6 and {round(t, 6) for t in temp[temp > 0].tolist()} <= set(inp.TEMPERATURES)
+    assert 0.2 < float((temp == 0).float().mean()) < 0.6
+    listed = {round(t, 6) for t in temp[temp > 0].tolist()} & set(inp.TEMPERATURES)
+    smooth = [t for t in temp[temp > 0].tolist() if round(t, 6) not in inp.TEMPERATURES]
+    lo, hi = inp.TEMPERATURE_RANGE  # the continuous half (session 20: low temperatures were never drawn)
+    assert listed and smooth and all(lo <= t <= hi for t in smooth) and min(smooth) < 0.3
+    k = x["top_k"][(x["top_k"] > 0) & (x["top_k"] < 32768)]
+    assert int(k.max()) > 256 and set(k.tolist()) - set(inp.TOP_KS)  # top-k over the whole range, not just listed
     q = x["draft_probs"]
     overlap = torch.minimum(p, q).sum(-1)  # per-position acceptance probability of a sampled draft
     assert 0.4 < float(overlap.mean()) < 0.9
@@ -381,6 +387,17 @@ def test_realistic_inputs_are_peaked_long_tailed_and_drafts_agree_often() -> Non
     agree = (y["draft_token_ids"] == y["target_logits"].float()[:, :7].argmax(-1)).float()
     live = torch.arange(7).view(1, -1) < y["num_draft_tokens"].view(-1, 1)
     assert 0.7 < float(agree[live].mean()) < 0.97
+
+
+def test_sampling_knobs_reach_low_temperatures_and_deep_top_k_on_logits_where_they_matter() -> None:
+    x = inp.make_inputs({"B": 64, "D": 7, "V": 4096, "Q": 1}, 5, "sampling_knobs")
+    t, k = x["temperature"], x["top_k"]
+    assert (t > 0).all() and float(t.min()) < 0.1 and float(t.max()) > 1.0
+    assert int(((k > 512) & (k < 4096)).sum()) >= 8 and int((k == 0).sum()) >= 8
+    p = x["target_logits"].float()[:, :7].softmax(-1)
+    assert float((1 - p.topk(256, dim=-1).values.sum(-1)).median()) > 0.5  # the tail past rank 256 holds mass
+    top2 = x["target_logits"].float()[:, :7].topk(2, dim=-1).values
+    assert float((top2[..., 0] - top2[..., 1]).median()) < 0.5  # close favourites: low T is not greedy
 
 
 @pytest.mark.parametrize(("case", "axes"), [("nope", {"B": 4, "D": 7, "V": 64, "Q": 1}),
