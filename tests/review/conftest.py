@@ -28,6 +28,13 @@ GOOD = f"tasks/{TASK}/fixtures/good/lean-torch-cpu"
 BAD = f"tasks/{TASK}/fixtures/bad/isolation-edits-test.patch"
 
 
+TEMPLATE_JUDGINGS = 2
+"""Judgings of the good fixture at most while the template is built: a second one (pooled with the first,
+workbench/retries.py) only when perf alone rejected it. Its accept rests on a CPU perf gain, which a
+loaded 2-core machine can hide (session 20's rehearsal: mini_t1 1.275x with the interval down to 0.93 at
+load 3.4, "judge it on a quiet machine"), and one such run turned every review test into an error."""
+
+
 def _build_template(root: Path) -> tuple[Path, Path]:
     """Clone the project to ``root`` and judge the good and the bad fixture there; their result paths."""
     from workbench.pipeline import run_candidate
@@ -43,8 +50,12 @@ def _build_template(root: Path) -> tuple[Path, Path]:
     # the queue is the subject here, not the model eval: the suite's shorter lengths (tests/conftest.py)
     with pytest.MonkeyPatch.context() as mp:
         use_suite_model_eval(mp)
-        with expecting_gain():  # the accept rests on a CPU perf gain
-            good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
+        for _ in range(TEMPLATE_JUDGINGS):
+            with expecting_gain():  # the accept rests on a CPU perf gain
+                good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
+            failure = good.first_failure()
+            if good.accepted or failure is None or failure.guard != "perf":
+                break
         assert good.accepted, [v.one_line() for v in good.verdicts]
         bad, bad_path = run_candidate(root, TASK, str(root / BAD), device="cpu", seed=7)
     assert not bad.accepted and bad.first_failure().guard == "isolation"
