@@ -1,11 +1,14 @@
-"""CPU sweep of the k3_small_m_gemm ``lean-torch-cpu`` fixture's N blocking, on the machine it runs on.
+"""CPU sweep of the k3_small_m_gemm ``lean-torch-cpu`` fixture's options, on the machine it runs on.
 
-The fixture streams W in row blocks of ``BLOCK_N`` output features (one ``torch.mm`` per block) instead of
-one ``torch.mm`` over the whole weight. Which block size pays depends on the CPU and its BLAS (session 20:
-256 gained 1.26-1.31x on an AMX Xeon and lost 4-6% on an AMD EPYC). This script times, single-threaded as
-the perf guard's CPU child runs, one ``torch.mm`` (the standard path) against each block size at the
-task's perf shapes and K3's other decode projections, interleaved, and writes the per-shape speedups
-(median of per-pair ratios, with a 99% bootstrap-free order-statistic interval) and the CPU's identity.
+Session 19's fixture streamed W in row blocks of ``BLOCK_N`` output features (one ``torch.mm``, MKL's
+sgemm, per block) instead of one ``torch.mm`` over the whole weight. Which block size pays depends on the
+CPU and its BLAS (256 gained 1.26-1.31x on an AMX Xeon and lost 2-9% on an AMD EPYC). The other option
+is oneDNN's fp32 matmul on the dense tensors (``torch.ops.mkldnn._linear_pointwise``: no weight prepack,
+so nothing is cached between calls). This script times, single-threaded as the perf guard's CPU child
+runs, one ``torch.mm`` (the standard path) against each block size and oneDNN, at the task's perf shapes
+and K3's other decode projections, interleaved, and writes the per-shape speedups (median of per-pair
+ratios, with a 99% distribution-free order-statistic interval), each variant's worst error as a fraction
+of the task's tolerance bound, and the CPU's identity.
 
 Usage (repository root): ``python3 bench/small_m_gemm_cpu_blocks.py OUT.json [reps]``.
 Source: tasks/k3_small_m_gemm/task.toml ([perf] workloads, shapes); guards/perf.py (interleaved pairs,
@@ -26,8 +29,8 @@ import torch
 
 SHAPES = [(8, 2112, 7168), (16, 2112, 7168), (4, 1536, 7168), (2, 2304, 1536), (8, 2304, 1536), (2, 2112, 7168)]
 """(M, N, K): the task's perf workloads (M 8 and 16 at K3's fused_qkv_a) and K3's other TP8 decode projections."""
-BLOCKS = [0, 256, 384, 512, 640, 768, 1056]
-"""BLOCK_N values timed; 0 is one torch.mm (the standard path)."""
+BLOCKS = [0, 256, 384, 512, 640, 768, 1056, -1]
+"""BLOCK_N values timed; 0 is one torch.mm (the standard path), -1 oneDNN's matmul (reported as ``onednn``)."""
 
 
 def _cpu_model() -> str:
@@ -62,6 +65,8 @@ def main(out: str, reps: int = 40) -> None:
             t0 = time.perf_counter_ns()
             if block == 0:
                 torch.mm(x, w.t(), out=out_t)
+            elif block < 0:
+                out_t.copy_(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
             else:
                 for n0 in range(0, N, block):
                     torch.mm(x, w[n0:n0 + block].t(), out=out_t[:, n0:n0 + block])
@@ -75,19 +80,26 @@ def main(out: str, reps: int = 40) -> None:
             for b in BLOCKS:
                 samples[b].append(call(b))
         base = samples[0]
+        xd, wd = x.double(), w.double()
+        ref = xd @ wd.t()
+        bound = 2.0 ** -22 * ref.abs() + 2.0 ** -22 * math.sqrt(K) * (xd.abs() @ wd.abs().t())
         row = {"M": M, "N": N, "K": K, "standard_us": statistics.median(base), "blocks": {}}
         for b in BLOCKS[1:]:
             ratios = [s / c for s, c in zip(base, samples[b], strict=True)]
             lo, hi = _interval(ratios)
-            row["blocks"][str(b)] = {"median_us": statistics.median(samples[b]), "speedup": statistics.median(ratios),
-                                     "ci99": [lo, hi]}
+            call(b)
+            err = float(((out_t.double() - ref).abs() / bound).max())
+            row["blocks"]["onednn" if b < 0 else str(b)] = {"median_us": statistics.median(samples[b]),
+                                                            "speedup": statistics.median(ratios), "ci99": [lo, hi],
+                                                            "err_over_bound": err}
         rows.append(row)
         best = max(row["blocks"].items(), key=lambda kv: kv[1]["speedup"])
         print(f"({M}, {N}, {K}) standard {row['standard_us']:.0f} us; "
               + " ".join(f"{b}:{v['speedup']:.2f}x" for b, v in row["blocks"].items()) + f"; best {best[0]}", flush=True)
     env = {"cpu_model": _cpu_model(), "torch": torch.__version__, "python": platform.python_version(),
            "threads": torch.get_num_threads(), "blas": "mkl" if torch.backends.mkl.is_available() else "other",
-           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "onednn": torch.backends.mkldnn.is_available(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     Path(out).write_text(json.dumps({"environment": env, "reps": reps, "rows": rows}, indent=1) + "\n")
     print(json.dumps(env))
 
