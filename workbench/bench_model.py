@@ -950,7 +950,8 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     """The speculative verification steps of one configuration, every side, eager (module docstring).
 
     Each request has its own cache at context ``c``. Its drafts are its next ``acceptance_length - 1``
-    greedy tokens (found once, untimed, on the standard path) and then wrong ones. A step: restore every
+    greedy tokens and then wrong ones, as the standard path's verification forward itself chooses them (found
+    untimed: the decode loop's tokens, then corrected by verification passes until they agree). A step: restore every
     cache to context ``c``, one :meth:`K3Model.forward_groups` over the B x (1 + D) tokens, ``dspark_verify``
     on the logits, roll each cache back to the tokens it kept (k3_model.decode's rollback). The tokens a
     step emits are counted on its first run (B x acceptance length unless a near tie in the bf16 logits
@@ -969,6 +970,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     D, AL, dev = spec.draft_tokens, spec.acceptance_length, model.device
     ldt = getattr(torch, SPEC_LOGITS_DTYPE)
     first = store.next_tokens[c][:B]
+    V, n_right = model.text.vocab_size, min(AL - 1, D)
     # each request's next greedy tokens (untimed, standard path): the first AL - 1 are its right drafts, and the
     # AL-th, changed, is the first wrong one (the drafts after a greedy rejection are never read)
     probe = store.cache_at(range(0, B), c, capacity=c + AL + 1)
@@ -977,10 +979,33 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
         with forward_context(decode_backend="standard", phase="decode"):
             tok = model.forward(tok, probe)[:, -1].to(ldt).argmax(-1).view(B, 1)
         cont.append(tok)
-    right = torch.cat(cont, 1)[:, :AL - 1]
-    wrong = ((cont[-1] + 1) % model.text.vocab_size).expand(B, D - right.shape[1])
+    right = torch.cat(cont, 1)[:, :n_right]
+    wrong = ((cont[-1] + 1) % V).expand(B, D - n_right)
     drafts = torch.cat([right, wrong], dim=1)  # (B, D)
     inputs = torch.cat([first.view(B, 1), drafts], dim=1)  # (B, 1 + D)
+
+    def verify_choices(tokens: Any) -> Any:
+        """(B, 1 + D) greedy choices of the standard path's verification forward itself (untimed)."""
+        ks = [store.cache_at(range(b, b + 1), c, capacity=c + D + 1) for b in range(B)]
+        for k in ks:
+            for st in k.layers:
+                if isinstance(st, KDAState):
+                    st.track_positions()
+        with forward_context(decode_backend="standard", phase="decode"):
+            logits = torch.cat(model.forward_groups([(tokens[b:b + 1].to(dev), ks[b]) for b in range(B)]))
+        return logits.to(ldt).argmax(-1).cpu()
+
+    # The verification forward (1 + D query tokens, per-token KDA) rounds differently from a decode step, so on
+    # bf16 logits a near tie can make it disagree with the decode loop's choice (H200, session 21: 3 tokens a step
+    # at B = 1 where AL = 6 was asked). Make the drafts its own choices: position j's choice depends on the drafts
+    # before it only, so each pass fixes one more position; n_right + 1 passes reach the fixed point.
+    for _ in range(n_right + 1):
+        pred = verify_choices(inputs)
+        fixed = torch.cat([pred[:, :n_right], ((pred[:, n_right:n_right + 1] + 1) % V).expand(B, D - n_right)], 1)
+        if torch.equal(fixed, drafts):
+            break
+        drafts = fixed
+        inputs = torch.cat([first.view(B, 1), drafts], dim=1)
     caches = {s: [store.cache_at(range(b, b + 1), c, capacity=c + D + 1) for b in range(B)] for s in spec.backends}
     saved = {s: [[(st.recurrent.clone(), st.conv.clone()) if isinstance(st, KDAState) else None for st in k.layers]
                  for k in caches[s]] for s in spec.backends}

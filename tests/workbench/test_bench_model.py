@@ -419,3 +419,24 @@ def test_cuda_graphs_on_both_sides_with_the_triton_kernel(project_repo, tmp_path
     log = (tmp_path / "k3_mini_bench_model.log").read_text()
     assert "captured one decode step" in log and "replay verified" in log
     assert json.loads((tmp_path / "k3_mini_bench_model.json").read_text())["format"] == "workbench-bench-model/1"
+
+
+def test_speculative_drafts_follow_the_verification_forward_not_the_decode_loop(monkeypatch):
+    """H200, session 21 (bench/results/h200/session21/): on bf16 logits the decode loop's greedy tokens and the
+    verification forward's choices disagreed at a near tie, so B = 1 emitted 3 tokens a step where AL = 6 was
+    asked. Here the decode loop is made to choose wrong tokens outright (its logits rolled by one vocabulary
+    entry): the drafts must still be the verification forward's own choices, so every request emits AL."""
+    from k3_model.hf_config import k3_mini_hf_config, parse_hf_config
+    from k3_model.model import K3Model, random_weights
+    from workbench import bench_model as bm
+
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, 0), dtype=torch.float32, device="cpu")
+    spec = BenchModelSpec.resolve(device="cpu", batches=[2], contexts=[16], chunk=8, steps=1, mixed_steps=1,
+                                  profile_steps=0, draft_tokens=7, acceptance_length=6)
+    prompts = torch.randint(1, model.text.vocab_size, (2, 16), generator=torch.Generator().manual_seed(3))
+    store, _ = bm._build_contexts(model, prompts, spec)
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda tokens, cache, **kw: real_forward(tokens, cache, **kw).roll(1, -1))
+    k = bm._speculative(model, store, spec, 2, 16)
+    assert k.tokens_per_step == 2 * 6
