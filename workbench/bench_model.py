@@ -10,6 +10,12 @@ kinds, both sides timed interleaved (A B / B A) with the one harness in :mod:`ke
   is checked first (the replay's tokens must equal an eager step's from the same state, the logits must
   all be rewritten, the dispatcher's decisions must be the eager step's). On the CPU the same step runs
   eagerly.
+- **speculative** (``--draft-tokens`` D > 0): a verification step of every request's last token and its D
+  drafts, with a synthetic acceptance length (:func:`_speculative`). On CUDA the model forward is
+  captured once per side into a CUDA graph and replayed, and the verification (``dspark_verify``) and
+  each request's cache rollback run eagerly after it, as a serving engine runs its rejection sampler
+  after the model's graph; a side that does not capture runs both sides eagerly, and the result says
+  why (``eager_reason``). On the CPU every step is eager.
 - **mixed**: one sequence prefills the last chunk of ``--chunk`` tokens of its L-token prompt while the
   other B - 1 decode at context L, in one forward (:meth:`k3_model.model.K3Model.forward_groups`: the
   MoE routing op sees all chunk + B - 1 tokens in one call). The phase is what the vLLM plugin's
@@ -288,6 +294,8 @@ class StepKindResult(_Model):
     speedup: float | None = Field(description="median standard / median latency_specialized; None with one side")
     speedup_ci99: tuple[float, float] | None = None
     first_tokens_agree: bool | None = Field(default=None, description="decode: both sides' first greedy tokens equal")
+    eager_reason: str | None = Field(default=None, description="speculative on CUDA: why the forward ran eagerly "
+                                     "(a side's capture failed or its replay check did)")
 
 
 class ConfigRow(_Model):
@@ -946,6 +954,91 @@ def _mixed(model, store: _Contexts, prompts, spec: BenchModelSpec, B: int, c: in
     return _kind("mixed", phase, "eager", tokens, sides)
 
 
+@dataclasses.dataclass
+class _VerifyGraph:
+    """A side's verification forward captured as a CUDA graph (:func:`_capture_verify_forward`)."""
+
+    graph: Any
+    logits: Any  # (B, 1 + D, V) float32: the graph's output buffer
+    tracked: list[tuple[Any, list[Any]]]  # (KDAState, its per-token snapshots that every replay rewrites)
+    decisions: list[Any]  # the dispatcher's decisions recorded at capture (every replay repeats them)
+    check: GraphCheck
+
+    def replay(self) -> Any:
+        """Run the forward from the caches' current state (the caller restored it); re-arm each KDA state's
+        per-token snapshots (the replay rewrote them) so the rollback finds them. Returns ``logits``."""
+        self.graph.replay()
+        for st, snaps in self.tracked:
+            st.positions = list(snaps)
+        return self.logits
+
+
+def _capture_verify_forward(fwd: Callable[[], Any], restore: Callable[[], None], caches: list[Any],
+                            label: str) -> _VerifyGraph:
+    """Capture a side's verification forward (every request's 1 + D tokens, per-request caches at a fixed
+    context) into a CUDA graph and check one replay against an eager forward from the same state.
+
+    The caches must not grow during the forward (their MLA storage holds the step's tokens), so the capture
+    records writes into the same storage every replay writes; ``restore`` resets them (in place) before
+    each step. Phases as :func:`_capture_verified`: warm-up on a side stream, capture, an eager forward,
+    then a replay with the output poisoned: every logit must be rewritten and the replay's greedy choices
+    must equal the eager forward's.
+
+    Raises:
+        BenchModelError: the capture raised or the replay failed a check (the caller runs the side eagerly
+            and records why).
+
+    Source: PyTorch "CUDA Graphs" notes; vLLM runs the model's graph and then its rejection sampler eagerly.
+    """
+    import torch
+
+    from k3_model.dispatch import record_trace
+    from k3_model.layers import KDAState
+
+    side_stream = torch.cuda.Stream()
+    side_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side_stream):
+        for _ in range(GRAPH_WARMUP):
+            restore()
+            fwd()
+    torch.cuda.current_stream().wait_stream(side_stream)
+    torch.cuda.synchronize()
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    try:
+        with record_trace() as trace, torch.cuda.graph(graph):
+            logits = fwd()
+        torch.cuda.synchronize()
+    except Exception as exc:  # any capture failure: name it, keep the cause
+        raise BenchModelError(f"{label}: CUDA graph capture of the verification forward failed "
+                              f"({type(exc).__name__}: {exc})") from exc
+    capture_ms = 1e3 * (time.perf_counter() - t0)
+    tracked = [(st, list(st.positions or [])) for k in caches for st in k.layers if isinstance(st, KDAState)]
+    restore()
+    with record_trace() as eager_trace:
+        eager = fwd().clone()
+    restore()
+    logits.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    restore()
+    if bool(torch.isnan(logits).any()):
+        raise BenchModelError(f"{label}: the replay left {int(torch.isnan(logits).sum())} logits unwritten")
+    if not torch.equal(logits.argmax(-1), eager.argmax(-1)):
+        raise BenchModelError(f"{label}: the replay's greedy choices differ from an eager forward's")
+    same = [(d.op, d.implementation) for d in trace.decisions] == [(d.op, d.implementation) for d in eager_trace.decisions]
+    if not same:
+        raise BenchModelError(f"{label}: the dispatcher decided differently at capture ({_counts(trace.decisions)}) "
+                              f"than eagerly ({_counts(eager_trace.decisions)})")
+    diff = float((logits - eager).abs().max())
+    _log(f"{label}: verification forward captured in {capture_ms:.0f} ms; replay verified (max |logit diff| "
+         f"{diff:.3g}, dispatch {_counts(trace.decisions)})")
+    return _VerifyGraph(graph, logits, tracked, list(trace.decisions),
+                        GraphCheck(warmup_steps=GRAPH_WARMUP, capture_ms=capture_ms, logits_rewritten=True,
+                                   tokens_equal_eager=True, max_abs_logit_diff=diff, trace_equal_eager=True))
+
+
 def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) -> StepKindResult:
     """The speculative verification steps of one configuration, every side, eager (module docstring).
 
@@ -1030,26 +1123,54 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     n_drafts = torch.full((B,), D, dtype=torch.int32, device=dev)
     per_step: dict[str, list[list[Any]]] = {s: [] for s in spec.backends}
     emitted: dict[str, int] = {}
+    graphs: dict[str, _VerifyGraph] = {}
+    eager_reason: dict[str, str] = {}
 
-    def step(side: str) -> Callable[[], None]:
+    def forward(side: str) -> Callable[[], Any]:
+        """The verification forward of every request: (B, 1 + D, V) float32 logits."""
         groups = [(inputs[b:b + 1].to(dev), caches[side][b]) for b in range(B)]
-        out_ids = torch.empty(B, D + 1, dtype=torch.int32, device=dev)
-        n_acc = torch.empty(B, dtype=torch.int32, device=dev)
 
-        def call() -> None:
+        def fwd() -> Any:
             for k in caches[side]:
                 for st in k.layers:
                     if isinstance(st, KDAState):
                         st.track_positions()
+            with forward_context(decode_backend=side, phase="decode"):
+                return torch.cat(model.forward_groups(groups))
+        return fwd
+
+    if spec.device == "cuda":
+        for side in spec.backends:
+            try:
+                graphs[side] = _capture_verify_forward(forward(side), restore, caches[side], f"B={B} context={c} "
+                                                       f"{side} speculative")
+            except BenchModelError as exc:  # logged and recorded: this side's steps run eagerly
+                eager_reason[side] = str(exc)
+                _log(f"B={B} context={c} {side} speculative: {exc}; its verification steps run eagerly")
+        if graphs and len(graphs) != len(spec.backends):  # a graph against an eager step compares launch costs
+            for side in graphs:
+                eager_reason[side] = "the other side could not be captured; both sides run eagerly"
+            graphs.clear()
+
+    def step(side: str) -> Callable[[], None]:
+        out_ids = torch.empty(B, D + 1, dtype=torch.int32, device=dev)
+        n_acc = torch.empty(B, dtype=torch.int32, device=dev)
+        fwd, graph = forward(side), graphs.get(side)
+
+        def call() -> None:
+            target = graph.replay().to(ldt) if graph is not None else None  # the model forward: one graph replay
             with record_trace() as trace, forward_context(decode_backend=side, phase="decode"):
-                target = torch.cat(model.forward_groups(groups)).to(ldt)
+                if target is None:
+                    target = fwd().to(ldt)
+                # the verification and the rollback run eagerly, as a serving engine runs its rejection
+                # sampler after the model's graph
                 dspark_verify(target, draft_ids, n_drafts, None, greedy, top_k, top_p, u, noise, max_draft_tokens=D,
                               output_token_ids=out_ids, num_accepted_tokens=n_acc)
             kept = (n_acc + 1).tolist()  # the host reads the counts to roll back, as an engine does
             for k, a in zip(caches[side], kept):
                 rewind_cache(k, c, a)
             emitted.setdefault(side, sum(kept))
-            per_step[side].append(list(trace.decisions))
+            per_step[side].append((graph.decisions if graph is not None else []) + list(trace.decisions))
         return call
 
     samples = _time_from_state({s: step(s) for s in spec.backends}, restore, spec, repetitions=spec.steps)
@@ -1061,11 +1182,14 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     if tokens != B * AL:
         _log(f"B={B} context={c} speculative: the steps emit {tokens} tokens, not {B} x {AL}: a near tie in the "
              f"{SPEC_LOGITS_DTYPE} logits moved a greedy choice; tokens/s uses {tokens}")
-    sides = {s: _side(s, samples[s], tokens, _trace_summary(per_step[s][-spec.steps:], "per_call"))
-             for s in spec.backends}
-    _log(f"B={B} context={c} speculative (eager, D={D}, {tokens} tokens emitted per step): "
-         + ", ".join(f"{s} {v.median_us / 1e3:.3f} ms, {v.tokens_per_s:,.0f} tok/s" for s, v in sides.items()))
-    return _kind("speculative", "decode", "eager", tokens, sides)
+    sides = {s: _side(s, samples[s], tokens, _trace_summary(per_step[s][-spec.steps:], "per_call"),
+                      graph=graphs[s].check if s in graphs else None) for s in spec.backends}
+    mode = "cuda_graph" if graphs else "eager"
+    _log(f"B={B} context={c} speculative ({'forward as a CUDA graph' if graphs else 'eager'}, D={D}, {tokens} tokens "
+         "emitted per step): " + ", ".join(f"{s} {v.median_us / 1e3:.3f} ms, {v.tokens_per_s:,.0f} tok/s"
+                                           for s, v in sides.items()))
+    return _kind("speculative", "decode", mode, tokens, sides,
+                 eager_reason="; ".join(f"{s}: {r}" for s, r in eager_reason.items()) or None)
 
 
 def _measure(args: dict[str, Any]) -> BenchModelResult:
@@ -1135,7 +1259,9 @@ def _result(args: dict[str, Any], spec: BenchModelSpec, overrides: dict[str, Any
         + (", L2 flushed and the device idle before every step (cold L2: a serving engine's back-to-back steps "
            "keep part of the weights in L2)" if cuda else ", this thread's CPU clock, torch on one thread"),
         "speedup: median standard / median latency_specialized, 99% percentile-bootstrap interval",
-        f"speculative steps (eager): each request runs its last token and {spec.draft_tokens} drafts in one forward "
+        "speculative steps (" + ("the forward replayed as a CUDA graph (a side that does not capture: both eager, "
+                                 "eager_reason says why), verification and rollback eager" if cuda else "eager")
+        + f"): each request runs its last token and {spec.draft_tokens} drafts in one forward "
         f"(the MoE routing sees B x {spec.draft_tokens + 1} rows), dspark_verify reads the logits in "
         f"{SPEC_LOGITS_DTYPE}, and each request's caches roll back to the kept tokens; the first "
         f"{spec.acceptance_length - 1} drafts are the request's greedy tokens (a synthetic acceptance length of "
