@@ -425,7 +425,7 @@ class K3Model:
 
     @torch.no_grad()
     def forward_groups(self, groups: Sequence[tuple[torch.Tensor, K3Cache]], *,
-                       mla_absorbed: bool | None = None) -> list[torch.Tensor]:
+                       mla_absorbed: bool | None = None, capturable: bool = False) -> list[torch.Tensor]:
         """One forward over several groups of sequences, each with its own token count and cache.
 
         A mixed step (one sequence prefilling a chunk while others decode, as a serving engine's chunked
@@ -437,6 +437,10 @@ class K3Model:
         Args:
             groups: ``(tokens (B_g, T_g) int64, cache)`` per group; the caches are distinct.
             mla_absorbed: MLA form for every group; default per group, absorbed when T_g == 1.
+            capturable: no host synchronisation (a forward captured as a CUDA graph over ordinary caches whose
+                storage holds the step's tokens): the host checks of the token ids and the context are skipped
+                (the caller makes them once) and the MoE reads its layout with fixed shapes, as with a static
+                cache.
 
         Returns:
             (B_g, T_g, V) float32 logits per group, in order.
@@ -454,8 +458,10 @@ class K3Model:
             raise ValueError("K3Model.forward_groups: a static cache (a captured decode step) runs alone; "
                              "pass it to forward().")
         sizes = [(int(tok.shape[0]), int(tok.shape[1])) for tok, _ in groups]
+        static = groups[0][1].static
+        capturable = capturable or static
         for tok, cache in groups:
-            if cache.static:
+            if capturable:
                 continue  # host checks would synchronise inside a captured step (see forward)
             if int(tok.min()) < 0 or int(tok.max()) >= t.vocab_size:
                 raise ValueError(f"K3Model.forward: token ids must lie in [0, {t.vocab_size}); got "
@@ -464,7 +470,6 @@ class K3Model:
                 raise ValueError(f"K3Model.forward: {cache.length + tok.shape[1]} tokens exceed max_position_embeddings "
                                  f"{t.max_position_embeddings}.")
         absorbed = [(T == 1) if mla_absorbed is None else mla_absorbed for _, T in sizes]
-        static = groups[0][1].static
         eps = t.rms_norm_eps
         rows = [B * T for B, T in sizes]
         ids = [tok.reshape(-1).to(self.device) for tok, _ in groups]
@@ -486,7 +491,7 @@ class K3Model:
             y = parts[0] if len(parts) == 1 else torch.cat(parts)
             prefix = y if prefix is None else prefix + y
             m_in = attn_res_mix(torch.stack([*blocks, prefix], 1), lw.mlp_res_norm, lw.mlp_res_proj, eps)
-            prefix = prefix + self.ffn(lw, rms_norm(m_in, lw.post_attention_layernorm, eps), capturable=static)
+            prefix = prefix + self.ffn(lw, rms_norm(m_in, lw.post_attention_layernorm, eps), capturable=capturable)
         out = attn_res_mix(torch.stack([*blocks, prefix], 1), self.output_attn_res_norm, self.output_attn_res_proj, eps)
         logits = F.linear(rms_norm(out, self.norm, eps), self.lm_head).float()
         for (_, cache), (_, T) in zip(groups, sizes):

@@ -1064,6 +1064,10 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     ldt = getattr(torch, SPEC_LOGITS_DTYPE)
     first = store.next_tokens[c][:B]
     V, n_right = model.text.vocab_size, min(AL - 1, D)
+    # on CUDA every verification forward (the drafts' passes, eager checks, the captured one) takes the capturable
+    # form (no host sync, the MoE layout read with fixed shapes), so all of them compute alike; the token ids
+    # were checked when the contexts were built
+    capturable = spec.device == "cuda"
     # each request's next greedy tokens (untimed, standard path): the first AL - 1 are its right drafts, and the
     # AL-th, changed, is the first wrong one (the drafts after a greedy rejection are never read)
     probe = store.cache_at(range(0, B), c, capacity=c + AL + 1)
@@ -1085,7 +1089,8 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
                 if isinstance(st, KDAState):
                     st.track_positions()
         with forward_context(decode_backend="standard", phase="decode"):
-            logits = torch.cat(model.forward_groups([(tokens[b:b + 1].to(dev), ks[b]) for b in range(B)]))
+            logits = torch.cat(model.forward_groups([(tokens[b:b + 1].to(dev), ks[b]) for b in range(B)],
+                                                    capturable=capturable))
         return logits.to(ldt).argmax(-1).cpu()
 
     # The verification forward (1 + D query tokens, per-token KDA) rounds differently from a decode step, so on
@@ -1136,7 +1141,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
                     if isinstance(st, KDAState):
                         st.track_positions()
             with forward_context(decode_backend=side, phase="decode"):
-                return torch.cat(model.forward_groups(groups))
+                return torch.cat(model.forward_groups(groups, capturable=capturable))
         return fwd
 
     if spec.device == "cuda":

@@ -416,8 +416,16 @@ def test_cuda_graphs_on_both_sides_with_the_triton_kernel(project_repo, tmp_path
             assert s.profile.top_ops and all(o.self_device_us_per_step > 0 for o in s.profile.top_ops)
         assert row.decode.sides["latency_specialized"].trace.kernel_steps_fraction == 1.0
         assert row.decode.sides["standard"].trace.kernel_steps_fraction == 0.0
+        k = row.speculative  # D = 7, AL = 6: the verification forward replayed as a graph on both sides
+        assert k is not None and k.mode == "cuda_graph" and k.eager_reason is None, k and k.eager_reason
+        assert k.tokens_per_step == 6 * row.batch
+        for s in k.sides.values():
+            assert s.graph and s.graph.logits_rewritten and s.graph.tokens_equal_eager and s.graph.trace_equal_eager
+            assert all(x > 0 for x in s.samples_us)
+        assert k.sides["latency_specialized"].trace.implementations.get("moe_dispatch:latency_specialized", 0) > 0
     log = (tmp_path / "k3_mini_bench_model.log").read_text()
     assert "captured one decode step" in log and "replay verified" in log
+    assert "verification forward captured" in log
     assert json.loads((tmp_path / "k3_mini_bench_model.json").read_text())["format"] == "workbench-bench-model/1"
 
 
