@@ -1091,7 +1091,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
         with forward_context(decode_backend="standard", phase="decode"):
             logits = torch.cat(model.forward_groups([(tokens[b:b + 1].to(dev), ks[b]) for b in range(B)],
                                                     capturable=capturable))
-        return logits.to(ldt).argmax(-1).cpu()
+        return logits.to(ldt).argmax(-1)
 
     # The verification forward (1 + D query tokens, per-token KDA) rounds differently from a decode step, so on
     # bf16 logits a near tie can make it disagree with the decode loop's choice (H200, session 21: 3 tokens a step
