@@ -961,15 +961,19 @@ class _VerifyGraph:
     graph: Any
     logits: Any  # (B, 1 + D, V) float32: the graph's output buffer
     tracked: list[tuple[Any, list[Any]]]  # (KDAState, its per-token snapshots that every replay rewrites)
+    lengths: list[tuple[Any, int]]  # (K3Cache or MLACache, its token count after the forward: host-side state)
     decisions: list[Any]  # the dispatcher's decisions recorded at capture (every replay repeats them)
     check: GraphCheck
 
     def replay(self) -> Any:
         """Run the forward from the caches' current state (the caller restored it); re-arm each KDA state's
-        per-token snapshots (the replay rewrote them) so the rollback finds them. Returns ``logits``."""
+        per-token snapshots (the replay rewrote them) and set the caches' token counts as the forward does, so
+        the rollback finds them. Returns ``logits``."""
         self.graph.replay()
         for st, snaps in self.tracked:
             st.positions = list(snaps)
+        for obj, n in self.lengths:  # the host-side counts the forward's Python code advanced at capture
+            obj.length = n
         return self.logits
 
 
@@ -1015,6 +1019,7 @@ def _capture_verify_forward(fwd: Callable[[], Any], restore: Callable[[], None],
                               f"({type(exc).__name__}: {exc})") from exc
     capture_ms = 1e3 * (time.perf_counter() - t0)
     tracked = [(st, list(st.positions or [])) for k in caches for st in k.layers if isinstance(st, KDAState)]
+    lengths = [(o, o.length) for k in caches for o in (k, *(st for st in k.layers if not isinstance(st, KDAState)))]
     restore()
     with record_trace() as eager_trace:
         eager = fwd().clone()
@@ -1034,7 +1039,7 @@ def _capture_verify_forward(fwd: Callable[[], Any], restore: Callable[[], None],
     diff = float((logits - eager).abs().max())
     _log(f"{label}: verification forward captured in {capture_ms:.0f} ms; replay verified (max |logit diff| "
          f"{diff:.3g}, dispatch {_counts(trace.decisions)})")
-    return _VerifyGraph(graph, logits, tracked, list(trace.decisions),
+    return _VerifyGraph(graph, logits, tracked, lengths, list(trace.decisions),
                         GraphCheck(warmup_steps=GRAPH_WARMUP, capture_ms=capture_ms, logits_rewritten=True,
                                    tokens_equal_eager=True, max_abs_logit_diff=diff, trace_equal_eager=True))
 
