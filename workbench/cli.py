@@ -29,7 +29,21 @@ from rich.table import Table
 
 from workbench.errors import CandidateError, WorkbenchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+class _VerboseAnywhere(typer.core.TyperGroup):
+    """The top-level group: ``-v``/``--verbose`` may follow any subcommand (``workbench tasks -v``, ``workbench
+    review list -v``): each such token before a ``--`` moves in front of the subcommand, where the group's own
+    option reads it (commands that declare ``-v`` themselves set the same logging)."""
+
+    def parse_args(self, ctx, args):
+        cut = args.index("--") if "--" in args else len(args)
+        flags = [a for a in args[:cut] if a in ("-v", "--verbose")]
+        if flags and args[:1] not in (["-v"], ["--verbose"]):
+            args = ["-v"] + [a for a in args[:cut] if a not in ("-v", "--verbose")] + args[cut:]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_VerboseAnywhere,
                   help="kernel-workbench: judge kernel candidates for K3 with guards, keep the evidence.")
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)  # piped: no truncated tables
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -85,11 +99,14 @@ def _enqueue(root: Path, result, path: Path, no_queue: bool) -> None:
 
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's code for a command stopped by Ctrl-C."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM (``kill``, ``timeout``, a CI runner stopping a job)."""
 
 
 @contextlib.contextmanager
 def _judging() -> Iterator[None]:
-    """Show the judgment's progress on stderr; on Ctrl-C stop every child, say what was interrupted, exit 130."""
+    """Show the judgment's progress on stderr; on Ctrl-C or SIGTERM stop every child, remove the half-made
+    worktree and branch, say what was interrupted, exit 130 (SIGINT) or 143 (SIGTERM)."""
     import signal
     import threading
 
@@ -97,12 +114,16 @@ def _judging() -> Iterator[None]:
     from guards.sandbox import kill_all_children
     from workbench.progress_view import showing_progress
 
-    def on_sigint(signum, frame):  # record it too: a KeyboardInterrupt raised inside a finalizer is lost
+    got: list[int] = []
+
+    def on_signal(signum, frame):  # record it too: a KeyboardInterrupt raised inside a finalizer is lost
+        got.append(signum)
         progress.request_interrupt()
         raise KeyboardInterrupt
 
     progress.clear_interrupt()
-    old = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    main = threading.current_thread() is threading.main_thread()
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         with showing_progress(err):
             yield
@@ -111,11 +132,12 @@ def _judging() -> Iterator[None]:
 
         groups = kill_all_children()  # again: a child started while the handler ran dies too
         note = exc.note if isinstance(exc, Interrupted) else f"Interrupted: stopped {groups} child process group(s)."
-        err.print(f"[yellow]{escape(note)}[/]")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        term = bool(got) and got[0] == signal.SIGTERM
+        err.print(f"[yellow]{escape(('SIGTERM: ' if term else '') + note)}[/]")
+        raise typer.Exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED) from None
     finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         progress.clear_interrupt()
 
 

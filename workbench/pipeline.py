@@ -262,11 +262,24 @@ def judge_candidate(
         duration_s=round(time.monotonic() - t0, 3),
     )
     path = write_result(result, state_dir(repo_root) / "results")
+    _log_dispatch(result.dispatch_trace)
     first = result.first_failure()
     retries.record_judging(state_dir(repo_root), retries.Judging(
         key=key, result_id=result.result_id, result_path=str(path), accepted=result.accepted,
         failed_guard=first.guard if first else ""))
     return result, path
+
+
+def _log_dispatch(trace: Sequence[dict]) -> None:
+    """``-v``: the dispatch decisions the guards' children recorded (the result's ``dispatch_trace``), one debug
+    line per distinct (op, implementation, phase, reason) with its count."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    from collections import Counter
+
+    counts = Counter((d.get("op"), d.get("implementation"), d.get("phase"), d.get("reason")) for d in trace)
+    for (op, impl, phase, reason), n in counts.most_common():
+        logger.debug("dispatch: %s -> %s x%d (phase %s): %s", op, impl, n, phase, reason)
 
 
 def _env_prefix() -> str:
@@ -290,13 +303,13 @@ def run_candidate(repo_root: Path, task_id: str, source: str, *, base: str | Non
     check_target(root, task)  # the task's own mistake, before any candidate is blamed for it (exit 2)
     dev = detect_device(device) if pool is None else pool.detect_device(device)
     seed = draw_runtime_seed(task) if seed is None else seed  # drawn here, so the command below names it
-    cand = create_candidate(root, task_id, source, base)
-    if cand.set_aside:
-        logger.warning("%s: %s; the result is not queued for review", task_id, cand.set_aside)
-    shown = str(Path(source).resolve()) if Path(source).exists() else str(source)  # a path works from any cwd
-    cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.target_base[:12]} "
-           f"--device {dev} --seed {seed}")
-    try:
+    cand = create_candidate(root, task_id, source, base)  # cleans up after itself when stopped
+    try:  # from here a Ctrl-C (or SIGTERM) removes the worktree and branch: interrupted()
+        if cand.set_aside:
+            logger.warning("%s: %s; the result is not queued for review", task_id, cand.set_aside)
+        shown = str(Path(source).resolve()) if Path(source).exists() else str(source)  # a path works from any cwd
+        cmd = (f"workbench run {task_id} --candidate {shlex.quote(shown)} --base {cand.target_base[:12]} "
+               f"--device {dev} --seed {seed}")
         return judge_candidate(root, task, cand, device=dev, seed=seed, command=cmd, pool=pool)
     except KeyboardInterrupt as exc:
         raise interrupted(root, cand) from exc

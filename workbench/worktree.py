@@ -306,13 +306,19 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
         wt = state_dir(root) / "worktrees" / f"{task_id}-{n}"
         wt.parent.mkdir(parents=True, exist_ok=True)
         start = tip if kind == "branch" else base_sha
+        failed: BaseException | None = None
         try:
             repo.git.worktree("add", "-b", branch, str(wt), start)
-        except git.GitCommandError as exc:
-            raise RepoError(f"git worktree add failed for {wt}: {exc.stderr.strip()}") from None
-    wt_repo = git.Repo(wt)
+        except git.GitCommandError as exc:  # git may have made the branch before it failed (or was stopped)
+            failed = RepoError(f"git worktree add failed for {wt}: {exc.stderr.strip()}")
+        except BaseException as exc:  # Ctrl-C or SIGTERM while git ran
+            failed = exc
+    if failed is not None:
+        remove_candidate(root, wt, branch)  # no stray branch (helper-22, session 21: Ctrl-C during set-up)
+        raise failed from None
     set_aside, target_base = None, base_sha
     try:
+        wt_repo = git.Repo(wt)
         if fixture_base is None:
             fixture_base = is_task_fixture(root, task_id, source)
         set_aside_op = _task_op(root, task_id) if fixture_base and kind != "branch" else None
@@ -347,7 +353,7 @@ def create_candidate(repo_root: Path, task_id: str, source: str, base: str | Non
         else:
             cand_sha = tip
         wt_repo.git.clean("-ffdx")  # the worktree must be exactly the candidate commit
-    except Exception:
+    except BaseException:  # KeyboardInterrupt too: a Ctrl-C while the candidate is committed leaves nothing
         remove_candidate(root, wt, branch)
         raise
     return Candidate(source, kind, branch, wt, base_sha, cand_sha, set_aside, target_base)

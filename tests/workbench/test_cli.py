@@ -64,6 +64,34 @@ def test_run_rejects_bad_with_exit_1_showing_progress_and_verbose_after_the_subc
     assert "workbench.progress: guard correctness (3/6) started" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("args", [["tasks", "-v"], ["review", "list", "--verbose"], ["-v", "tasks"]])
+def test_verbose_after_any_subcommand(project_repo, args):
+    """`-v` may follow any subcommand, as --help says (helper-22, session 21: `tasks -v` and `review list -v`
+    were "No such option")."""
+    p = wb(project_repo, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "No such option" not in p.stderr
+
+
+def test_verbose_logs_the_childrens_dispatch_decisions(caplog):
+    """`-v` logs the dispatch decisions the guards' children recorded (the result's dispatch_trace), counted."""
+    import logging
+
+    from workbench.pipeline import _log_dispatch
+
+    d = {"op": "moe_dispatch", "implementation": "latency_specialized", "phase": "decode", "reason": "in scope"}
+    trace = [d, d, {**d, "implementation": "standard", "reason": "batch 65 outside [1, 64]"}]
+    with caplog.at_level(logging.DEBUG, logger="workbench.pipeline"):
+        _log_dispatch(trace)
+    assert [r.getMessage() for r in caplog.records] == [
+        "dispatch: moe_dispatch -> latency_specialized x2 (phase decode): in scope",
+        "dispatch: moe_dispatch -> standard x1 (phase decode): batch 65 outside [1, 64]"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="workbench.pipeline"):
+        _log_dispatch(trace)
+    assert caplog.records == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "no_such_task", "--candidate", GOOD],
      "known tasks: k3_allreduce_rmsnorm, k3_dspark_verify, k3_kda_decode, k3_lse_merge, k3_moe_dispatch, "

@@ -256,3 +256,30 @@ def test_no_fixture_base_without_a_merged_kernel_or_for_branches(fresh_repo):
     git(fresh_repo, "checkout", "-q", "main")
     b = create_candidate(fresh_repo, "k3_moe_dispatch", "contrib", fixture_base=True)
     assert b.set_aside is None and b.base_commit == b.target_base
+
+
+@pytest.mark.parametrize("when", ["git worktree add", "committing the candidate"])
+def test_ctrl_c_during_set_up_leaves_no_branch_or_worktree(fresh_repo, monkeypatch, when):
+    """helper-22 (session 21): Ctrl-C 1.4-2.2 s into `workbench run` (git making the worktree) left a branch
+    wb/<task>/<n> with no worktree, every time. A KeyboardInterrupt right after git made the branch, or while
+    the candidate is committed, must leave neither."""
+    import workbench.worktree as wt_mod
+
+    if when == "git worktree add":
+        real = gitpython.cmd.Git._call_process
+
+        def interrupted_after_git(self, method, *args, **kwargs):
+            out = real(self, method, *args, **kwargs)
+            if method == "worktree" and args[:1] == ("add",):
+                raise KeyboardInterrupt  # git made the branch and the worktree, then Ctrl-C came
+            return out
+        monkeypatch.setattr(gitpython.cmd.Git, "_call_process", interrupted_after_git)
+    else:
+        def interrupted_overlay(*args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(wt_mod, "_overlay", interrupted_overlay)
+    with pytest.raises(KeyboardInterrupt):
+        create_candidate(fresh_repo, "k3_moe_dispatch", str(fresh_repo / GOOD))
+    monkeypatch.undo()
+    assert not any(b.startswith("wb/") for b in _branches(fresh_repo))
+    assert list((fresh_repo / ".workbench" / "worktrees").iterdir()) == []
