@@ -98,8 +98,9 @@ def submit_result(store: ReviewStore, result_path: Path, *, target_branch: str =
     c = result.candidate
     if c.set_aside:
         raise ReviewError(f"Result {path.name} judged a fixture on a fixture base ({c.set_aside}); its baseline is "
-                          f"not what {target_branch} runs, so it does not enter the review queue. Judge the candidate "
-                          "from a copy outside tasks/*/fixtures/ to compare it with the merged kernel.")
+                          f"not what {target_branch} runs, so it does not enter the review queue. To compare your own kernel "
+                          "with the merged one, judge a copy of it kept outside tasks/*/fixtures/ (a copy of a fixture "
+                          "that main already merged changes nothing there and is refused as such).")
     return store.add(result_id=result.result_id, result_path=str(path), result_sha256=file_sha256(path),
                      task_id=result.task_id, branch=c.branch, base_commit=c.base_commit,
                      candidate_commit=c.candidate_commit, target_branch=target_branch, who=who)
