@@ -107,10 +107,17 @@ class IsolationGuard:
                            evidence=(Evidence(name="changed_paths", value=0, unit="count"),))
         if problems:
             first = problems[0]
+            # a file added at the repository's root usually means an overlay folder that does not mirror the
+            # repository (helper-22, session 21: /tmp/flat/__init__.py): say where it belongs
+            hint = ""
+            if "/" not in first.path and first.value.startswith("outside allowed_paths"):
+                hint = (f" An overlay folder mirrors the repository: a file for {allowed[0]} goes at that path "
+                        f"inside the folder (e.g. {allowed[0].rstrip('*').rstrip('/')}/{first.path}).")
             return Verdict(
                 guard=self.name,
                 status=Status.FAIL,
-                summary=f"{len(problems)} change(s) outside the task's allowed paths; first: {first.path} ({first.value}).",
+                summary=f"{len(problems)} change(s) outside the task's allowed paths; first: {first.path} "
+                        f"({first.value}).{hint}",
                 evidence=tuple(problems[:50]),
             )
         return Verdict(

@@ -129,3 +129,15 @@ def test_glob_match(path, pattern, ok):
 def test_dotdot_paths_are_refused():
     assert path_problem("k3_model/kernels/moe_dispatch/../../dispatch.py", ("k3_model/kernels/moe_dispatch/**",),
                         ALWAYS_FORBIDDEN) == "path leaves the repository"
+
+
+def test_a_file_at_the_root_names_where_an_overlay_puts_it(fresh_repo):
+    """An overlay folder with the kernel at its root (helper-22, session 21: /tmp/flat/__init__.py) fails, and the
+    summary says the folder mirrors the repository and where the file belongs."""
+    v = _judge(fresh_repo, _w("my_kernel.py"))
+    assert v.status is Status.FAIL
+    assert "first: my_kernel.py (outside allowed_paths" in v.summary
+    assert f"An overlay folder mirrors the repository: a file for {KDIR}/** goes at that path inside the folder " \
+           f"(e.g. {KDIR}/my_kernel.py)." in v.summary
+    v = _judge(fresh_repo, _w("k3_model/ops/other.py"))  # a path with folders: no such hint
+    assert v.status is Status.FAIL and "overlay folder" not in v.summary

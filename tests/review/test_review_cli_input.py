@@ -93,6 +93,7 @@ def test_an_existing_queue_given_by_db_or_env_keeps_working(checkout, tmp_path):
 def test_the_default_queue_is_made_on_first_use(checkout):
     out = invoke(checkout, "review", "list")
     assert out.exit_code == 0 and "review queue (0)" in out.stdout
+    assert "The queue is empty" in out.stdout and "never queued" in out.stdout  # what fills it (helper-22)
     assert (checkout / ".workbench" / "queue.db").is_file()
 
 

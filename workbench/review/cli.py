@@ -133,6 +133,10 @@ def list_(
                   it.base_commit[:10], it.candidate_commit[:10], escape(it.target_branch), it.updated_at[:19],
                   escape((it.reason or "")[:60]))
     console.print(t)
+    if not items and not state:
+        console.print("The queue is empty: `workbench run` queues a candidate the guards accept (unless --no-queue); "
+                      "results of tasks/*/fixtures/ candidates are never queued (they are judged on a fixture base).",
+                      markup=False)
 
 
 @review_app.command()
