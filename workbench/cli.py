@@ -278,7 +278,7 @@ def agent(
 ) -> None:
     """Let an agent write a candidate in its own worktree; judge each attempt and feed a rejection back to it.
 
-    With ``--parallel N``, N runs go at once (each its own worktree, branch and attempts); the exit code is
+    With --parallel N, N runs go at once (each its own worktree, branch and attempts); the exit code is
     0 when any run was accepted, else the first run's.
     """
     _verbosity(verbose)
@@ -399,7 +399,7 @@ def verify(
 ) -> None:
     """Re-run every guard on an existing branch (e.g. on your own GPU) and write a new result file.
 
-    The branch is judged in a fresh worktree on a new ``wb/<task>/<n>`` branch at the same commit.
+    The branch is judged in a fresh worktree on a new wb/<task>/<n> branch at the same commit.
     """
     _verbosity(verbose)
     _model_eval_vllm(model_eval_vllm)
@@ -484,7 +484,7 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
 def tasks(repo: Path | None = typer.Option(None, help="The workbench checkout.")) -> None:
     """List the tasks and their allowed paths.
 
-    A task whose ``task.toml`` does not load is listed as invalid and its whole error is printed on
+    A task whose task.toml does not load is listed as invalid and its whole error is printed on
     stderr (one line per task); the valid tasks are still listed, and the exit code is then 2.
     """
     from workbench.taskspec import check_target, list_task_ids, load_task

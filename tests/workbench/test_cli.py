@@ -329,3 +329,15 @@ def test_verdict_text_in_square_brackets_is_printed_whole(monkeypatch, tmp_path)
     with pytest.raises(cli.typer.Exit):
         cli._fail(ValueError("--device [gpu]: expected cpu, cuda or auto."))
     assert err.getvalue() == "error: --device [gpu]: expected cpu, cuda or auto.\n"
+
+
+def test_command_help_has_no_rest_markup():
+    """`--help` prints a command's docstring as it is: no reST ``literals`` (helper-22, session 21: `agent --help`)."""
+    import inspect
+
+    from workbench.cli import app, pool_app
+    from workbench.review.cli import review_app
+
+    marked = [c.callback.__name__ for a in (app, review_app, pool_app) for c in a.registered_commands
+              if "``" in (inspect.getdoc(c.callback) or "")]
+    assert marked == []
