@@ -766,8 +766,8 @@ def pool_status(
 ) -> None:
     """Each verdict of the newest pool runs: queued, running (node, worker pid, try), done or error.
 
-    Reads ``.workbench/pool/*.json``, which every run with ``--parallel`` or ``--pool ray://`` keeps up to
-    date; the review UI's ``/pool`` page shows the same.
+    Reads .workbench/pool/*.json, which every run with --parallel or --pool ray:// keeps up to
+    date; the review UI's /pool page shows the same.
     """
     from workbench.pool import read_boards
 
