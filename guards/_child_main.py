@@ -238,17 +238,30 @@ def _correctness_case(fn, fc, rt, req, case):
         return rec
 
     threads = _call_threads()
-    buf = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
+    buf = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     results.append(one(buf, "a_fresh", threads[0]))
     for k, v in case["inputs_b"].items():  # same storage, new data: defeats caches keyed by pointer
         buf[k].copy_(v.to(device))
     results.append(one(buf, "b_reused_buffers", threads[1]))
-    fresh = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
+    fresh = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     results.append(one(fresh, "a_repeat", threads[2]))
     _set_call_threads(threads[0])
     out = {"name": case["name"], "calls": results}
     if case.get("graph") and device == "cuda" and _ran_kernel(results[0]["trace"], req["op"]):
         out["graph"] = _graph_case(fn, fc, rt, req, case)
+    return out
+
+
+def _device_copy(v, device):
+    """A new tensor on ``device`` with ``v``'s values and strides: a row view of a wider buffer (a task overlay
+    with ``layout = true``, e.g. k3_small_m_gemm's ``row_view``) reaches the kernel as one, as the contract
+    allows (``clone`` would pack it: session 21's red team had a kernel that reads x as packed rows accepted)."""
+    import torch
+
+    if v.is_contiguous():
+        return v.to(device).clone()
+    out = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=device)
+    out.copy_(v)
     return out
 
 
@@ -312,7 +325,7 @@ def _graph_case(fn, fc, rt, req, case):
 
     device, backend = req["device"], req["decode_backend"]
     rec = {"label": "graph_replay", "error": None, "stage": None, "trace": []}
-    static_in = {k: v.to(device).clone() for k, v in case["inputs_a"].items()}
+    static_in = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     outs = _buffers(case["outputs"], device)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()

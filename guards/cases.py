@@ -818,8 +818,8 @@ def _twin(task: TaskSpec, w: WorkloadSpec, inputs_a: dict[str, Any], seed: int) 
 def draw_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, what: str = "make_inputs") -> dict[str, Any]:
     """One draw of workload ``w``'s inputs: ``inputs.make_inputs(axes, seed, regime)``, then each overlay
     of its case (``"<regime>+<overlay>..."``) in order, by its ``apply`` function in ``inputs.py`` with a
-    seed derived from ``seed`` and the overlay's name. Contiguous tensors, checked against the task's
-    input shapes and dtypes.
+    seed derived from ``seed`` and the overlay's name. Contiguous tensors (a case with a ``layout`` overlay
+    keeps the strides it made), checked against the task's input shapes and dtypes.
 
     Raises:
         TaskSpecError: the case names an unknown overlay, ``make_inputs`` or an overlay fails, an
@@ -853,6 +853,16 @@ def draw_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, what: str = "make_in
             raise TaskSpecError(f"Task {task.task_id!r}: inputs.{fn_name} (overlay {o!r}) failed for {what} workload "
                                 f"{w.name!r}: {type(exc).__name__}: {exc}") from exc
     _check_drawn(task, w, inp, f"inputs for {w.case!r}")
+    layout = any(task.domain.overlays[task.domain.overlay_of(o)[0]].layout for o in overlays)  # type: ignore[union-attr]
+    if layout:  # strides as the overlay made them (unit inner stride, no overlap: checked), values as drawn
+        for k in task.inputs:
+            t = inp[k]
+            if t.dim() and (t.stride(-1) != 1 or any(t.stride(i) < t.shape[i + 1] * t.stride(i + 1)
+                                                     for i in range(t.dim() - 1))):
+                raise TaskSpecError(f"Task {task.task_id!r}: a layout overlay of workload {w.name!r} made input {k!r} "
+                                    f"with strides {tuple(t.stride())} for shape {tuple(t.shape)}; keep a unit "
+                                    "inner stride and rows that do not overlap.")
+        return {k: inp[k] for k in task.inputs}
     return {k: inp[k].contiguous() for k in task.inputs}
 
 

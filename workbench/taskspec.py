@@ -482,6 +482,10 @@ class DomainOverlaySpec(_Frozen):
         requires: a constraint the axes and params must meet for the overlay (``"T >= 2"``); empty = any.
         timed: serving steps carry it (padding rows on every padded CUDA-graph step), so perf's domain
             draws time it too.
+        layout: the overlay changes the memory layout of the inputs within what the contract allows (e.g.
+            x as a row view of a wider buffer, row stride > K), not their values: the harness keeps the
+            tensors' strides (:func:`guards.cases.make_case_inputs`, the child's copies); other draws are
+            packed (contiguous).
         variants: kinds of the change (e.g. how many rows are padding: one, a few, many); each is a cell
             of the overlay's coverage dimension, so every kind meets every regime and value (session 14's
             red team: a kernel wrong only with 2 to T/4 - 1 padding rows was accepted while the count was
@@ -495,6 +499,7 @@ class DomainOverlaySpec(_Frozen):
     note: str = ""
     requires: str = ""
     timed: bool = False
+    layout: bool = False
 
     @field_validator("requires")
     @classmethod

@@ -68,6 +68,26 @@ def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int
     return inputs
 
 
+def row_view(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """The ``row_view`` overlay (task.toml ``[domain.overlays.row_view]``, ``layout = true``): x becomes a row view
+    of a wider buffer, row stride K + 1 to K + 64, starting 0 to 64 features in, as the contract allows (unit
+    inner stride, row stride >= K: a slice of a fused activation buffer). The features around x hold large
+    values, so a kernel that reads x as packed rows, or past its K features, gets a wrong result. The values of x
+    do not change.
+
+    Source: task.toml description (x's layout); session 21's red team (a kernel that re-read x as packed rows
+    was accepted while every draw was packed).
+    """
+    x = inputs["x"]
+    M, K = x.shape
+    gen = torch.Generator().manual_seed(seed)
+    pad = int(torch.randint(1, 65, (1,), generator=gen))
+    start = int(torch.randint(0, pad + 1, (1,), generator=gen))
+    wide = 1e3 * torch.randn((M, K + pad), generator=gen, dtype=x.dtype)
+    wide[:, start:start + K] = x
+    return {**inputs, "x": wide[:, start:start + K]}
+
+
 def _padding_rows(M: int, N: int, K: int, gen: torch.Generator) -> _Draw:
     """A realistic draw with zero padding rows."""
     d = _realistic(M, N, K, gen)
