@@ -68,6 +68,29 @@ def pad_rows(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int
     return inputs
 
 
+def zero_channels(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int, *,
+                  variant: str = "scattered") -> dict[str, torch.Tensor]:
+    """The ``zero_channels`` overlay (task.toml ``[domain.overlays.zero_channels]``): exact zeros inside live rows,
+    as a norm weight with zeroed channels makes. ``scattered``: 1 to 8 random channels are zeroed in every row;
+    ``leading``: every channel but the last is zeroed in half the rows (at random), so a kernel that probes any
+    prefix of a row to tell padding meets a live row that passes its probe. A row stays live (one channel at
+    least keeps its value): its output is the dot product over the rest, never the padding row's exact 0. In place.
+
+    Source: session 21's red team (a kernel that took a row whose first 4 channels are 0 for padding was
+    accepted while the only zeros the draws held were whole padding rows).
+    """
+    x = inputs["x"]
+    M, K = x.shape
+    gen = torch.Generator().manual_seed(int(seed))
+    if variant == "leading":
+        rows = torch.randperm(M, generator=gen)[: max(1, M // 2)]
+        x[rows.view(-1, 1), torch.arange(K - 1).view(1, -1)] = 0.0
+    else:
+        n = min(K - 1, int(torch.randint(1, 9, (1,), generator=gen)))
+        x[:, torch.randperm(K, generator=gen)[:n]] = 0.0
+    return inputs
+
+
 def row_view(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
     """The ``row_view`` overlay (task.toml ``[domain.overlays.row_view]``, ``layout = true``): x becomes a row view
     of a wider buffer, row stride K + 1 to K + 64, starting 0 to 64 features in, as the contract allows (unit
