@@ -273,16 +273,9 @@ _POOLS_STARTED: set = set()
 """Intra-op thread counts whose pool threads ``_set_call_threads`` has started in this process."""
 
 
-SERVER_THREADS = 8
-"""The fewest intra-op threads a correctness case's last call runs with, however few cores the judge has: a
-serving host sets one per core (session 21's red team had a kernel accepted that was wrong only above 2
-threads, on a 2-core judge; 4 and 8 threads on 2 cores cost 1.0x and 1.4x one thread's time there)."""
-
-
 def _call_threads():
     """torch intra-op threads for a correctness case's three calls: the child's own (1, from
-    ``OMP_NUM_THREADS``), a random count in [2, max(cores, SERVER_THREADS)], and that maximum (what a server
-    sets; more threads than cores are legal, only slower): a kernel that
+    ``OMP_NUM_THREADS``), a random count in [2, cores], and every core (what a server sets): a kernel that
     behaves differently by thread count meets the reference under each (session 13's red team: one
     skipped the selection bias whenever ``torch.get_num_threads() != 1``, which no judge's child showed).
     TP ranks (one child each, on shared cores) keep the child's own count: there the census saw a thread
@@ -293,8 +286,7 @@ def _call_threads():
     if _TP["size"] > 1:  # TP ranks share the cores, and a thread started mid-collective reads as deferred work
         return own, own, own
     cores = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
-    many = max(cores, SERVER_THREADS)
-    return own, _RNG.randint(2, many), many
+    return own, _RNG.randint(2, cores), cores
 
 
 def _set_call_threads(n):
