@@ -14,12 +14,12 @@ it, and binds the clock it uses for cross-checks; the response goes to RESPONSE_
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import io
 import gc
 import inspect
-import contextlib
 import os
 import struct
 import sys
