@@ -3,6 +3,8 @@ collection inside the call's own timed window (``guards/_child_main.py`` ``_serv
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 import guards.perf as perf
@@ -70,7 +72,9 @@ def test_cyclic_garbage_is_collected_and_charged_inside_the_call_that_made_it(pr
     assert v.status is Status.FAIL, v.summary
     row = ctx.artifacts.perf[0]
     assert min(row["candidate_us"]) >= 3000.0, row["candidate_us"]  # every call charged its own 3 ms
-    assert max(row["baseline_us"]) < 3000.0
+    # The baseline makes no garbage: its typical call is far below 3 ms. Its median, not its maximum: one call
+    # of a shared CI machine took 3,011 us where the others took 650-1,000 (landing CI of session 21).
+    assert statistics.median(row["baseline_us"]) < 3000.0, row["baseline_us"]
     assert row["verdict"] in ("regression", "mean_regression"), row["verdict"]
     assert row["candidate_outside_cpu_us"] is not None and row["candidate_outside_cpu_us"] < perf.OUTSIDE_CPU_ABS_US
 
