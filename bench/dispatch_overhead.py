@@ -35,7 +35,7 @@ def main() -> None:
 
     def call() -> object:
         return dispatch.select(moe_dispatch.OP, "moe_route_dispatch", moe_dispatch.moe_route_dispatch_standard,
-                               batch_size=8, device="cpu", dtype="float32", shapes=shapes)
+                               rows=8, device="cpu", dtype="float32", shapes=shapes)
 
     modes = {
         "standard backend": ("standard", False),

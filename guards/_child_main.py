@@ -166,8 +166,13 @@ _TP = {"size": 1}
 """TP world size of this child's group (set by ``main`` from the request's ``dist`` entry)."""
 
 
-def _call(fn, forward_context, record_trace, backend, phase, inputs, outs, kwargs):
-    with record_trace() as trace, forward_context(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
+def _step(case: dict) -> dict:
+    """The forward context's step fields of a case entry: phase, requests and query length (counts)."""
+    return {"phase": case["phase"], "requests": case.get("requests"), "query_len": case.get("query_len")}
+
+
+def _call(fn, forward_context, record_trace, backend, step, inputs, outs, kwargs):
+    with record_trace() as trace, forward_context(decode_backend=backend, tp_size=_TP["size"], **step):
         fn(**inputs, **kwargs, **outs)
     return trace
 
@@ -224,7 +229,7 @@ def _correctness_case(fn, fc, rt, req, case):
         _barrier()
         try:
             with _TORCH["inference_mode"]() if inference else contextlib.nullcontext():
-                trace = _call(fn, fc, rt, backend, case["phase"], inputs, outs, case["kwargs"])
+                trace = _call(fn, fc, rt, backend, _step(case), inputs, outs, case["kwargs"])
             rec["trace"] = _decisions(trace)
         except Exception as exc:  # the candidate failed on this case: report it as data
             rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
@@ -338,12 +343,12 @@ def _graph_case(fn, fc, rt, req, case):
     t0 = _clock_ns()
     try:
         with torch.cuda.stream(stream):
-            _call(fn, fc, rt, backend, case["phase"], static_in, outs, case["kwargs"])
+            _call(fn, fc, rt, backend, _step(case), static_in, outs, case["kwargs"])
             stream.synchronize()
             stage = "capture"
             graph.capture_begin()
             try:
-                trace = _call(fn, fc, rt, backend, case["phase"], static_in, outs, case["kwargs"])
+                trace = _call(fn, fc, rt, backend, _step(case), static_in, outs, case["kwargs"])
             finally:
                 graph.capture_end()
             rec["trace"] = _decisions(trace)
@@ -399,7 +404,7 @@ def _perf_case(fn, fc, rt, req, case):
     n = len(sets)
     outs = {side: [_buffers(case["outputs"], device) for _ in range(n)] for side in ("baseline", "candidate")}
     kw = case["kwargs"]
-    phase = case["phase"]
+    step = _step(case)
     base_mod = req.get("_baseline_module")  # the base commit's merged kernel, loaded by main()
     base_backend = "latency_specialized" if base_mod is not None else "standard"
     traces = {}
@@ -407,7 +412,7 @@ def _perf_case(fn, fc, rt, req, case):
         with _baseline_kernel(_kernel_key(req), base_mod if side == "baseline" else None):
             probe = {k: v.clone() for k, v in side_sets[side][0].items()} if inplace else side_sets[side][0]
             _barrier()
-            traces[side] = _decisions(_call(fn, fc, rt, backend, phase, probe, outs[side][0], kw))
+            traces[side] = _decisions(_call(fn, fc, rt, backend, step, probe, outs[side][0], kw))
     calls = {"baseline": 0, "candidate": 0}
     wall_ns = {"baseline": [], "candidate": []}
 
@@ -423,7 +428,7 @@ def _perf_case(fn, fc, rt, req, case):
             i = calls[side] % n
             calls[side] += 1
             t0 = _clock_ns()
-            with _baseline_kernel(_kernel_key(req), swap), fc(decode_backend=backend, phase=phase, tp_size=_TP["size"]):
+            with _baseline_kernel(_kernel_key(req), swap), fc(decode_backend=backend, tp_size=_TP["size"], **step):
                 fn(**side_in[i], **kw, **side_outs[i])
             side_wall.append(_clock_ns() - t0)
         return run
@@ -589,7 +594,7 @@ def _model_eval_speculative(req, model):
         prefill_chunk=s["prefill_chunk"], page_tokens=s["page_tokens"])
     impls: dict[str, int] = {}
     for st in res.steps:
-        if st["phase"] == "decode":
+        if st["phase"] in ("decode", "spec_verify"):
             for k, v in st["implementations"].items():
                 impls[k] = impls.get(k, 0) + v
     return {"reference": reference, "tokens": res.tokens, "accepted": res.accepted, "emitted": res.emitted,
@@ -767,7 +772,7 @@ def _serve(fn, fc, rt, req, nonce):
                     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                 cur["released"][slot].clear()  # the earlier call's tensors of this slot go here, timed (LOAD)
-                with rt() as trace, fc(decode_backend=backend, phase=spec["phase"], tp_size=1):
+                with rt() as trace, fc(decode_backend=backend, tp_size=1, **_step(spec)):
                     fn(**ins, **spec["kwargs"], **args)
                 if device == "cuda":
                     stop.record()
@@ -816,13 +821,15 @@ def _init_cuda():
 
 def _beyond(scope: dict | None, limits: dict | None) -> bool:
     """Whether a declared scope claims anything outside ``limits`` (what this run judges: devices, phases,
-    TP sizes and dtypes as lists, and the batch range); ``False`` without limits or without a scope."""
+    TP sizes and dtypes as lists, and the requests and query-length ranges); ``False`` without limits or
+    without a scope."""
     if not scope or not limits:
         return False
     for field in ("devices", "phases", "tp_sizes", "dtypes"):
         if not set(scope.get(field) or ()) <= set(limits.get(field) or ()):
             return True
-    return scope.get("batch_min", 1) < limits["batch_min"] or scope.get("batch_max", 0) > limits["batch_max"]
+    return any(scope.get(f"{k}_min", 1) < limits[f"{k}_min"] or scope.get(f"{k}_max", 0) > limits[f"{k}_max"]
+               for k in ("requests", "query_len"))
 
 
 def main() -> int:

@@ -91,11 +91,10 @@ def scope_excess(claimed: dict, task_scope, task=None) -> list[str]:
         extra = sorted(set(claimed.get(field, ())) - set(allowed))
         if extra:
             out.append(f"{field} {extra} not in the task's {list(allowed)}")
-    if claimed.get("batch_min", 1) < task_scope.batch_min or claimed.get("batch_max", 0) > task_scope.batch_max:
-        out.append(
-            f"batch [{claimed.get('batch_min')}, {claimed.get('batch_max')}] exceeds the task's "
-            f"[{task_scope.batch_min}, {task_scope.batch_max}]"
-        )
+    for k, what in (("requests", "requests"), ("query_len", "query length")):
+        lo, hi = getattr(task_scope, f"{k}_min"), getattr(task_scope, f"{k}_max")
+        if claimed.get(f"{k}_min", 1) < lo or claimed.get(f"{k}_max", 0) > hi:
+            out.append(f"{what} [{claimed.get(f'{k}_min')}, {claimed.get(f'{k}_max')}] exceeds the task's [{lo}, {hi}]")
     if task is not None and claimed.get("shapes"):
         out += shape_excess(claimed["shapes"], task)
     return out
@@ -111,13 +110,15 @@ def claimed_scope(claimed: dict, op: str | None = None) -> OpScope:
     return parse_scope(dict(claimed), where="the declared scope the correctness child reported", op=op)
 
 
-def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtype: str, tp: int = 1,
-           op: str | None = None, shapes: dict[str, int] | None = None) -> bool:
+def claims(claimed: dict | OpScope, *, phase: str, requests: int, query_len: int = 1, rows: int | None = None,
+           device: str, dtype: str, tp: int = 1, op: str | None = None, shapes: dict[str, int] | None = None) -> bool:
     """Whether a configuration lies inside a claimed scope: the dispatcher's own rule
     (:func:`k3_model.dispatch.route` with ``op``: the op's judged shape domain and the kernel's
     ``shapes``; without: ``OpScope.covers`` alone).
 
     Args:
+        phase, requests, query_len: the step (``ScopeSpec.step``: counts).
+        rows: the op's token rows in the call (count); ``None``: ``requests``.
         op: the op name (its module imported, so its shape domain is registered); ``None``: no shape check
             beyond the scope's own ``shapes``.
         shapes: the configuration's shape axes (:func:`case_shapes`).
@@ -126,7 +127,8 @@ def claims(claimed: dict | OpScope, *, phase: str, batch: int, device: str, dtyp
         ScopeError: ``claimed`` is a dict that is not plain scope data.
     """
     scope = claimed if type(claimed) is OpScope else claimed_scope(claimed)
-    batch_info = BatchInfo(phase, batch, device, dtype, tp, dict(shapes or {}))
+    batch_info = BatchInfo(phase, requests, query_len, requests if rows is None else rows, device, dtype, tp,
+                           dict(shapes or {}))
     return (route(op, scope, batch_info) if op is not None else scope.covers(batch_info))[0]
 
 
@@ -323,17 +325,21 @@ class ActivationGuard:
         dtype = task.inputs[task.scope.dtype_input].dtype
         wrong, ran, expected_ls = [], 0, 0
         for case in ctx.artifacts.cases:
-            batch = case["axes"][task.scope.batch_axis]
-            phase = next((c.workload.phase for c in ctx.artifacts.case_objects if c.name == case["name"]), "decode")
-            expect = LS if claims(scope, phase=phase, batch=batch, device=ctx.device, dtype=dtype,
+            requests, query_len, rows = task.scope.step(case["axes"])
+            batch = case["axes"][task.scope.requests_axis]
+            phase = next((c.workload.phase for c in ctx.artifacts.case_objects if c.name == case["name"]),
+                         task.scope.phases[0])
+            expect = LS if claims(scope, phase=phase, requests=requests, query_len=query_len, rows=rows,
+                                  device=ctx.device, dtype=dtype,
                                   tp=case.get("world_size", 1), op=task.op,
                                   shapes=case_shapes(task, case["axes"])) else "standard"
             expected_ls += expect == LS
             decisions = [d for calls in ctx.artifacts.traces.get(case["name"], []) for d in calls
                          if d.get("op") == task.op]
             for d in decisions:  # the child's dispatch decisions, shown here under -v (the child logs to its pipe)
-                logger.debug("%s: dispatch %s -> %s (%s; batch %s, phase %s)", case["name"], d.get("op"),
-                             d.get("implementation"), d.get("reason"), d.get("batch_size"), d.get("phase"))
+                logger.debug("%s: dispatch %s -> %s (%s; %s rows, %s requests, query length %s, phase %s)",
+                             case["name"], d.get("op"), d.get("implementation"), d.get("reason"), d.get("rows"),
+                             d.get("requests"), d.get("query_len"), d.get("phase"))
             seen = [d.get("implementation") for d in decisions]
             if not seen:
                 wrong.append((case["name"], batch, expect, "never dispatched"))
@@ -352,8 +358,9 @@ class ActivationGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(wrong)} configuration(s) ran the wrong implementation; first: {name} "
-                        f"(batch {batch}) expected {expect}, ran {seen}.",
-                evidence=tuple(Evidence(name="wrong_implementation", value=f"expected {e}, ran {s}", path=f"{n} batch={b}")
+                        f"({task.scope.requests_axis} = {batch}) expected {expect}, ran {seen}.",
+                evidence=tuple(Evidence(name="wrong_implementation", value=f"expected {e}, ran {s}",
+                                        path=f"{n} {task.scope.requests_axis}={b}")
                                for n, b, e, s in wrong[:20]),
             )
         return Verdict(

@@ -212,8 +212,7 @@ def scope_limits(task, device: str, tp_sizes: list[int]) -> dict:
     Args:
         tp_sizes: the world sizes this run's configurations use.
     """
-    return {"devices": [device], "phases": list(task.scope.phases), "tp_sizes": list(tp_sizes),
-            "dtypes": list(task.scope.dtypes), "batch_min": task.scope.batch_min, "batch_max": task.scope.batch_max}
+    return {**task.scope.claim_dict(), "devices": [device], "tp_sizes": list(tp_sizes)}
 
 
 def available_world_sizes(device: str) -> int | None:
@@ -488,7 +487,7 @@ class CorrectnessGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
-                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}"
+                        f"({task.scope.requests_axis}={case.workload.axes[task.scope.requests_axis]}"
                         f"{f', {case.world_size} ranks' if task.distributed else ''}): {_clip(mism[0], 400)}{shrunk}",
                 evidence=tuple(ev) + skipped_ev,
             )

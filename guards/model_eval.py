@@ -138,6 +138,8 @@ from guards.verdict import Evidence, Status, Verdict
 from workbench import envs
 
 LS = "latency_specialized"
+DECODE_PHASES = ("decode", "spec_verify")
+"""Step phases of decode requests only (a verification step is one: every request has context)."""
 ENV_PREFIX = envs.MODEL_EVAL_PREFIX
 VLLM_MODES = ("off", "on", "only")
 VLLM_DTYPE = "float32"
@@ -773,9 +775,10 @@ class ModelEvalGuard:
         op_ls = f"{ctx.task.op}:{LS}"
         ev.append(Evidence(name="vllm_trace_latency_specialized", value=trace_summary(cand["trace"]),
                            path="per forward step"))
-        decode = [r for r in cand["trace"] if r["phase"] == "decode"]
+        decode = [r for r in cand["trace"] if r["phase"] in DECODE_PHASES]
         ls_steps = sum(1 for r in decode if r["implementations"].get(op_ls, 0))
-        ls_other = [i for i, r in enumerate(cand["trace"]) if r["phase"] != "decode" and r["implementations"].get(op_ls, 0)]
+        ls_other = [i for i, r in enumerate(cand["trace"]) if r["phase"] not in DECODE_PHASES
+                    and r["implementations"].get(op_ls, 0)]
         ev.append(Evidence(name="vllm_candidate_decode_steps", value=ls_steps, unit="steps",
                            path=f"of {len(decode)} decode steps"))
         if ls_other:

@@ -216,7 +216,8 @@ class PerfGuard:
             self._order[w.name] = len(self._order)
             c = build_case(task, w, ctx.seed)
             cases.append(c)
-            claimed_flags[w.name] = claims(claimed, phase=w.phase, batch=w.axes[task.scope.batch_axis],
+            requests, query_len, rows = task.scope.step(w.axes)
+            claimed_flags[w.name] = claims(claimed, phase=w.phase, requests=requests, query_len=query_len, rows=rows,
                                          device=ctx.device, dtype=dtype, tp=task.world_size(w), op=task.op,
                                          shapes=case_shapes(task, w.axes))
         with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
@@ -915,8 +916,8 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
 
     Each batch draw (default :data:`PERF_RANDOM_DRAWS`) copies the listed perf workload with the
-    largest batch (its cost bounds the draw's) and redraws the batch uniformly in
-    ``[scope.batch_min, scope.batch_max]``, avoiding the listed batch sizes of that template when the
+    most requests (its cost bounds the draw's) and redraws the requests axis uniformly in
+    ``[scope.requests_min, scope.requests_max]``, avoiding the listed request counts of that template when the
     scope has others; names are ``random-perf-<i>-<template>``. Each domain draw (default
     :data:`PERF_DOMAIN_DRAWS`; only for a task with a ``[domain]``) is a configuration of every axis,
     param, :func:`timed_regimes` regime and :func:`timed_overlays` overlay
@@ -929,11 +930,11 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     listed = [task.workload(n) for n in task.perf.workloads]
     if task.distributed is not None or not listed:
         return listed
-    ax = task.scope.batch_axis
+    ax = task.scope.requests_axis
     tmpl = max(listed, key=lambda w: w.axes[ax])
     used = {w.axes[ax] for w in listed}
-    pool = [b for b in range(task.scope.batch_min, task.scope.batch_max + 1) if b not in used] or \
-        list(range(task.scope.batch_min, task.scope.batch_max + 1))
+    pool = [b for b in range(task.scope.requests_min, task.scope.requests_max + 1) if b not in used] or \
+        list(range(task.scope.requests_min, task.scope.requests_max + 1))
     rng = random.Random(_derive_seed(seed, "perf_random_workloads"))
     out = list(listed)
     n = PERF_RANDOM_DRAWS if draws is None else draws
@@ -1003,7 +1004,8 @@ def _low_quantile(xs: list[float]) -> float:
 
 def _served_spec(c) -> dict:
     """The serve-mode workload entry of a case: phase, op arguments, input and output specs."""
-    return {"name": c.name, "phase": c.workload.phase, "kwargs": dict(c.kwargs),
+    return {"name": c.name, "phase": c.workload.phase, "requests": c.requests, "query_len": c.query_len,
+            "kwargs": dict(c.kwargs),
             "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                        for k, v in c.inputs_a.items()},
             "outputs": c.output_specs}

@@ -94,7 +94,8 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
             def f() -> None:
                 if delay_us:
                     _spin_us(delay_us)
-                with forward_context(decode_backend="standard", phase=w.phase):
+                with forward_context(decode_backend="standard", phase=w.phase, requests=case.requests,
+                                     query_len=case.query_len):
                     op(**inputs, **case.kwargs, **o)
             return f
 
@@ -205,9 +206,8 @@ def collect_judged(root: Path, task_id: str, *, device: str = "cpu", workloads: 
                 series = "cpu_us" if device == "cpu" else "wall_us"
                 pilot = median(getattr(pilot_rec["baseline"], series))
                 std_module, std_fn = task.target.split(":")
-                scope = {"devices": (device,), "phases": ("decode",), "tp_sizes": (1,),
-                         "dtypes": tuple(task.scope.dtypes), "batch_min": task.scope.batch_min,
-                         "batch_max": task.scope.batch_max}
+                scope = {k: tuple(v) if isinstance(v, list) else v for k, v in task.scope.claim_dict().items()}
+                scope.update(devices=(device,), tp_sizes=(1,))
                 for p in slowdowns_pct:
                     key = f"slow{p:g}"
                     t = export_tree(root, head_commit, Path(tmp) / key)

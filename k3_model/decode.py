@@ -80,7 +80,8 @@ class GenerationResult:
 
 def _step(model: K3Model, tokens: torch.Tensor, cache: K3Cache, *, phase: str, decode_backend: str,
           steps: list[dict[str, Any]]) -> torch.Tensor:
-    with record_trace() as trace, forward_context(decode_backend=decode_backend, phase=phase):
+    requests = int(tokens.shape[0]) if phase == "decode" else None
+    with record_trace() as trace, forward_context(decode_backend=decode_backend, phase=phase, requests=requests):
         logits = model.forward(tokens, cache)
     impls = Counter(f"{d.op}:{d.implementation}" for d in trace.decisions)
     steps.append({"index": len(steps), "phase": phase, "tokens": int(tokens.shape[1]), "implementations": dict(impls)})
@@ -412,8 +413,10 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
         for i, d in enumerate(drafts):
             padded[i, :len(d)] = torch.tensor(d, dtype=torch.int32)
         n_b = torch.tensor([len(d) for d in drafts], dtype=torch.int32)
+        q = 1 + int(n_b.max())  # the step's query length: 1 + the most drafts of a request
+        step_phase = "spec_verify" if q > 1 else "decode"
         with record_trace() as trace:
-            with forward_context(decode_backend=decode_backend, phase="decode"):
+            with forward_context(decode_backend=decode_backend, phase=step_phase, requests=A, query_len=q):
                 out = model.forward_groups(groups)  # request i: (1, 1 + n_i, V)
             target = torch.zeros(A, D + 1, V, dtype=logits_dtype, device=dev)  # rows past n_b: padding
             for i, lg in enumerate(out):
@@ -423,13 +426,13 @@ def generate_speculative(model: K3Model, prompts: torch.Tensor, max_new_tokens: 
             noise = torch.empty(A, V).exponential_(generator=gen).clamp_min(torch.finfo(torch.float32).tiny).to(dev)
             ids = torch.full((A, D + 1), -1, dtype=torch.int32, device=dev)
             n_acc = torch.zeros(A, dtype=torch.int32, device=dev)
-            with forward_context(decode_backend=verify_backend, phase="decode"):
+            with forward_context(decode_backend=verify_backend, phase="spec_verify", requests=A, query_len=1 + D):
                 dspark_verify(target, padded.to(dev), n_b.to(dev), None, *(x[idx].contiguous() for x in params), u,
                               noise, max_draft_tokens=D, output_token_ids=ids, num_accepted_tokens=n_acc)
         impls = Counter(f"{d.op}:{d.implementation}" for d in trace.decisions)
         verify_impls.update({k: v for k, v in impls.items() if k.startswith("dspark_verify:")})
         reasons.update({d.reason: None for d in trace.decisions if d.op == "dspark_verify"})
-        steps.append({"index": len(steps), "phase": "decode", "tokens": int(n_b.sum()) + A, "requests": A,
+        steps.append({"index": len(steps), "phase": step_phase, "tokens": int(n_b.sum()) + A, "requests": A,
                       "implementations": dict(impls)})
         n_acc, ids = n_acc.cpu().long(), ids.cpu().long()
         if bool(((n_acc < 0) | (n_acc > n_b)).any()):
@@ -513,7 +516,8 @@ class StaticDecodeStep:
 
     def __call__(self) -> None:
         """Decode one token per sequence (see the class docstring)."""
-        with record_trace() as trace, forward_context(decode_backend=self.decode_backend, phase="decode"):
+        with record_trace() as trace, forward_context(decode_backend=self.decode_backend, phase="decode",
+                                                      requests=int(self.tokens.shape[0])):
             logits = self.model.forward(self.tokens, self.cache)
         self.logits.copy_(logits[:, -1])
         self.next_tokens.copy_(self.logits.argmax(dim=-1))

@@ -1,18 +1,27 @@
 """The one dispatcher of K3 ops: standard path or latency-specialized kernel, decided per call.
 
 Latency-specialized runs only when the forward context's ``decode_backend`` is
-``latency_specialized``, a kernel for the op is merged under ``k3_model/kernels/<op>/``, and the batch
-(phase, batch size, device, dtype, TP size) lies inside the scope that kernel declares. Every decision
+``latency_specialized``, a kernel for the op is merged under ``k3_model/kernels/<op>/``, and the step
+(phase, requests, query length, token rows, device, dtype, TP size) lies inside the scope that kernel
+declares. Every decision
 (op, implementation, reason) is logged and appended to the active trace, so a reviewer (and the
 activation guard) can see when the fast path ran and why it fell back.
 
 A kernel's ``SCOPE`` is data, not code: an :class:`OpScope` or a plain ``dict`` literal whose fields
-are plain tuples (or lists) of exact ``str``/``int`` and plain ``int`` batch bounds. The dispatcher reads
+are plain tuples (or lists) of exact ``str``/``int`` and plain ``int`` bounds. The dispatcher reads
 ``SCOPE`` once per kernel module, when it is first imported, rebuilds it as a fresh :class:`OpScope`
 (:func:`parse_scope`) and keeps that object: :func:`declared_scope` (what the guards check) and every
 dispatch decision use the same parsed value, and nothing the kernel does to ``mod.SCOPE`` afterwards
 changes either. Anything else (a tuple subclass, a custom container, a ``bool`` for an ``int``, an
 ``OpScope`` subclass) is a :class:`ScopeError`.
+
+**Requests and query length.** A scope counts requests and query tokens per request, not token rows
+(issue 21; docs/scope-requests.md): a decode step has query length 1, a speculative verification step
+(phase ``spec_verify``) 1 + D for D draft tokens, so "decode batch 1-64 with 7 draft tokens" is
+``requests_min=1, requests_max=64, query_len_min=1, query_len_max=8, phases=("decode", "spec_verify")``.
+The caller that knows the step (the decode loop, the vLLM plugin, the guards' child) states its requests
+and query length in :func:`forward_context`; an op reports only its token rows. The old row bounds
+``batch_min``/``batch_max`` are a :class:`ScopeError` that names their replacements.
 
 **Shapes.** A scope may also declare the shapes a kernel supports, per shape axis of the op (named as
 the task's axes: moe_dispatch ``E``, ``K``, ``G``, ``TG``, ``B``; dspark_verify ``D``, ``V``, ``Q``;
@@ -51,14 +60,28 @@ class DispatchError(RuntimeError):
 
 
 class ScopeError(DispatchError):
-    """A kernel's ``SCOPE`` is not plain data (wrong container or item type, bad batch range, unknown key)."""
+    """A kernel's ``SCOPE`` is not plain data (wrong container or item type, bad request or query-length
+    range, unknown or old-style key)."""
+
+
+PHASES = ("decode", "spec_verify", "prefill", "mixed")
+"""Step phases: ``decode`` (query length 1 per request), ``spec_verify`` (1 + D query tokens per request:
+the target model verifying D draft tokens), ``prefill``, ``mixed`` (prefill and decode rows together).
+Source: vLLM's step kinds (docs/scope-requests.md)."""
+
+OLD_BATCH_FIELDS = ("batch_min", "batch_max")
+OLD_BATCH_FIX = ("batch_min/batch_max counted token rows; declare requests_min/requests_max (requests in the step) and "
+                 "query_len_min/query_len_max (query tokens per request: 1 on decode, 1 + D when verifying D draft "
+                 'tokens, with "spec_verify" in phases). Rows 1-64 of a decode step are requests_min=1, requests_max=64, '
+                 "query_len_min=1, query_len_max=1 (docs/scope-requests.md).")
+"""The error text for a scope that still names the row bounds of before issue 21."""
 
 
 _ITEM_FIELDS: dict[str, type] = {"devices": str, "phases": str, "tp_sizes": int, "dtypes": str}
 """OpScope's sequence fields and the exact type of their items."""
-_INT_FIELDS = ("batch_min", "batch_max")
+_INT_FIELDS = ("requests_min", "requests_max", "query_len_min", "query_len_max")
 _EXAMPLES = {"devices": '("cpu",)', "phases": '("decode",)', "tp_sizes": "(1,)", "dtypes": '("float32",)',
-             "batch_min": "1", "batch_max": "64", "shapes": '{"D": {"multiple_of": 8}}'}
+             "requests_min": "1", "requests_max": "64", "query_len_min": "1", "query_len_max": "8", "shapes": '{"D": {"multiple_of": 8}}'}
 SHAPE_RULES = ("choices", "min", "max", "multiple_of")
 """The keys of one axis's shape rule, in the order they are checked and written."""
 
@@ -172,32 +195,38 @@ class OpScope:
     """The scope a latency-specialized kernel declares (what it was tested on).
 
     Construction validates and normalises every field (``__post_init__``): sequence fields become plain
-    tuples of exact ``str``/``int``, batch bounds must be exact ``int`` with 1 <= batch_min <= batch_max.
+    tuples of exact ``str``/``int``, bounds must be exact ``int`` with 1 <= requests_min <= requests_max and
+    1 <= query_len_min <= query_len_max.
 
     Attributes:
         devices: device types (``"cpu"``, ``"cuda"``).
-        phases: batch phases it handles (``"decode"``).
+        phases: step phases it handles, among :data:`PHASES` (``"decode"``, ``"spec_verify"``).
         tp_sizes: tensor-parallel world sizes.
         dtypes: dtype names of the op's main input (``"float32"``, ``"bfloat16"``).
-        batch_min, batch_max: inclusive decode batch range (requests).
+        requests_min, requests_max: inclusive range of requests in a step (count).
+        query_len_min, query_len_max: inclusive range of query tokens per request (count): 1 on decode,
+            1 + D on a verification step with D draft tokens. Above 1 only with ``"spec_verify"`` in
+            ``phases``, and ``"spec_verify"`` only with ``query_len_max`` >= 2.
         shapes: optional per-axis shape rules, ``{axis: {"choices": (...), "min": n, "max": n,
             "multiple_of": n}}`` (any non-empty subset of the keys, plain ints >= 1); a call's axis value is
             inside when it meets every rule of its axis. Axis names are the op's shape axes (the task's
-            axis names; the batch axis and the TP world size have their own fields): they are checked
+            axis names; requests, query length and the TP world size have their own fields): they are checked
             against the op's registered axes when the dispatcher reads the scope. ``{}`` (the default):
             every shape of the judged domain.
 
     Raises:
-        ScopeError: a field is not plain data of its type, is empty, the batch range is empty or below 1,
-            or a shape rule is malformed (unknown key, not an int, ``min`` above ``max``, admits no size).
+        ScopeError: a field is not plain data of its type, is empty, a phase is unknown, a range is empty or
+            below 1, query length and phases disagree, or a shape rule is malformed (unknown key, not an int, ``min`` above ``max``, admits no size).
     """
 
     devices: tuple[str, ...]
     phases: tuple[str, ...] = ("decode",)
     tp_sizes: tuple[int, ...] = (1,)
     dtypes: tuple[str, ...] = ("float32",)
-    batch_min: int = 1
-    batch_max: int = 64
+    requests_min: int = 1
+    requests_max: int = 64
+    query_len_min: int = 1
+    query_len_max: int = 1
     shapes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -208,9 +237,22 @@ class OpScope:
             if type(v) is not int:
                 raise ScopeError(f"OpScope field {field!r} must be exactly int; got {_type_name(v)}. "
                                  f"Write a plain literal, e.g. {field}={_EXAMPLES[field]}.")
-        if not 1 <= self.batch_min <= self.batch_max:
-            raise ScopeError(f"OpScope batch range [{self.batch_min}, {self.batch_max}] is empty or below 1; "
-                             "declare 1 <= batch_min <= batch_max.")
+        unknown = [p for p in self.phases if p not in PHASES]
+        if unknown:
+            raise ScopeError(f"OpScope phases {unknown} are not step phases; expected some of {list(PHASES)}.")
+        if not 1 <= self.requests_min <= self.requests_max:
+            raise ScopeError(f"OpScope requests range [{self.requests_min}, {self.requests_max}] is empty or below 1; "
+                             "declare 1 <= requests_min <= requests_max.")
+        if not 1 <= self.query_len_min <= self.query_len_max:
+            raise ScopeError(f"OpScope query length range [{self.query_len_min}, {self.query_len_max}] is empty or "
+                             "below 1; declare 1 <= query_len_min <= query_len_max (1 on decode, 1 + D when verifying).")
+        if self.query_len_max > 1 and "spec_verify" not in self.phases:
+            raise ScopeError(f"OpScope query_len_max {self.query_len_max} needs \"spec_verify\" in phases (only "
+                             f"verification steps have more than one query token per request); got phases "
+                             f"{list(self.phases)}. Add \"spec_verify\" or set query_len_max=1.")
+        if "spec_verify" in self.phases and self.query_len_max < 2:
+            raise ScopeError("OpScope lists \"spec_verify\" but query_len_max is 1; a verification step has 1 + D "
+                             ">= 2 query tokens per request. Set query_len_max (e.g. 8 for 7 draft tokens).")
         object.__setattr__(self, "shapes", _plain_shapes(self.shapes))
 
     def covers(self, batch: BatchInfo) -> tuple[bool, str]:
@@ -218,8 +260,16 @@ class OpScope:
         checks = (
             (batch.phase in self.phases, f"phase {batch.phase!r} not in {list(self.phases)}"),
             (
-                self.batch_min <= batch.batch_size <= self.batch_max,
-                f"batch {batch.batch_size} outside [{self.batch_min}, {self.batch_max}]",
+                self.requests_min <= batch.requests <= self.requests_max,
+                f"requests {batch.requests} outside [{self.requests_min}, {self.requests_max}]",
+            ),
+            (
+                self.query_len_min <= batch.query_len <= self.query_len_max,
+                f"query length {batch.query_len} outside [{self.query_len_min}, {self.query_len_max}]",
+            ),
+            (
+                batch.rows <= batch.requests * batch.query_len,
+                f"{batch.rows} token rows exceed requests x query length = {batch.requests} x {batch.query_len}",
             ),
             (batch.device in self.devices, f"device {batch.device!r} not in {list(self.devices)}"),
             (batch.dtype in self.dtypes, f"dtype {batch.dtype!r} not in {list(self.dtypes)}"),
@@ -237,7 +287,8 @@ class OpScope:
                 return False, f"shape {miss} (SCOPE.shapes[{axis!r}] = {rule})"
         shapes = "".join(f", {a} {v}" for a, v in batch.shapes.items())
         return True, (
-            f"in scope (phase {batch.phase}, batch {batch.batch_size}, {batch.device}, "
+            f"in scope (phase {batch.phase}, requests {batch.requests}, query length {batch.query_len}, "
+            f"rows {batch.rows}, {batch.device}, "
             f"{batch.dtype}, TP {batch.tp_size}{shapes})"
         )
 
@@ -275,6 +326,9 @@ def parse_scope(raw: object, *, where: str = "SCOPE", op: str | None = None) -> 
     if type(raw) is OpScope:
         fields = {f: object.__getattribute__(raw, f) for f in _FIELD_NAMES}  # re-validated below
     elif type(raw) is dict:
+        old = [k for k in OLD_BATCH_FIELDS if k in raw]
+        if old:
+            raise ScopeError(f"{where}: SCOPE names {', '.join(old)}: {OLD_BATCH_FIX}")
         bad_keys = [k for k in raw if type(k) is not str or k not in _FIELD_NAMES]
         if bad_keys:
             raise ScopeError(f"{where}: SCOPE has key(s) that are not OpScope fields "
@@ -301,8 +355,8 @@ def parse_scope(raw: object, *, where: str = "SCOPE", op: str | None = None) -> 
         unknown = sorted(set(scope.shapes) - set(axes))
         if unknown:
             raise ScopeError(f"{where}: SCOPE.shapes names axis(es) {unknown} that op {op!r} does not have; its shape "
-                             f"axes are {list(axes)} (the task's axis names; the batch axis and the TP size are "
-                             "batch_min/batch_max and tp_sizes). Rename or remove them.")
+                             f"axes are {list(axes)} (the task's axis names; requests, query length and the TP size are "
+                             "requests_min/requests_max, query_len_min/query_len_max and tp_sizes). Rename or remove them.")
     return scope
 
 
@@ -342,9 +396,13 @@ class BatchInfo:
     """What the dispatcher knows about one call.
 
     Attributes:
-        phase: ``decode`` (every request has query length 1, or 1 + D when verifying drafts),
-            ``prefill``, ``mixed`` or ``unknown`` (no forward context).
-        batch_size: requests in the batch.
+        phase: one of :data:`PHASES` (``decode``: query length 1; ``spec_verify``: 1 + D), or ``unknown``
+            (no forward context).
+        requests: requests in the step (count; the forward context's, else the call's token rows).
+        query_len: query tokens per request (count; the largest in the step: 1 on decode, 1 + D on
+            verification).
+        rows: token rows of the op's main input in this call (count). At most ``requests x query_len``
+            (an op called per request or per query position sees fewer).
         device: device type of the inputs.
         dtype: dtype name of the op's main input.
         tp_size: tensor-parallel world size.
@@ -353,7 +411,9 @@ class BatchInfo:
     """
 
     phase: str
-    batch_size: int
+    requests: int
+    query_len: int
+    rows: int
     device: str
     dtype: str
     tp_size: int
@@ -367,9 +427,11 @@ class Decision:
     op: str
     implementation: str
     reason: str
-    batch_size: int
+    rows: int
     phase: str
     device: str
+    requests: int
+    query_len: int
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -395,6 +457,8 @@ class _Context:
     decode_backend: str
     phase: str
     tp_size: int
+    requests: int | None
+    query_len: int
 
 
 _CTX: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("k3_forward_context", default=None)
@@ -402,25 +466,41 @@ _TRACES: contextvars.ContextVar[tuple[DispatchTrace, ...]] = contextvars.Context
 
 
 @contextlib.contextmanager
-def forward_context(*, decode_backend: str, phase: str, tp_size: int = 1) -> Iterator[None]:
-    """Declare the batch the next op calls belong to.
+def forward_context(*, decode_backend: str, phase: str, tp_size: int = 1, requests: int | None = None,
+                    query_len: int | None = None) -> Iterator[None]:
+    """Declare the step the next op calls belong to.
 
     Args:
         decode_backend: ``standard`` or ``latency_specialized``.
-        phase: ``decode``, ``prefill`` or ``mixed``.
+        phase: one of :data:`PHASES`.
         tp_size: tensor-parallel world size.
+        requests: requests in the step (count). ``None``: each call's token rows (exact for a decode step
+            whose ops see the whole batch, one row per request); required for ``spec_verify``.
+        query_len: query tokens per request (count; the largest in the step). ``None``: 1 for ``decode``
+            (the only value it may have) and for ``prefill``/``mixed`` (whose scopes rarely list them);
+            required, >= 2, for ``spec_verify``.
 
     Raises:
-        ValueError: an unknown backend or phase.
+        ValueError: an unknown backend or phase, a count below 1, a ``decode`` step with query length
+            above 1, or a ``spec_verify`` step without ``requests`` or with query length below 2.
     """
     if decode_backend not in (STANDARD, LATENCY_SPECIALIZED):
         raise ValueError(
             f"forward_context: decode_backend {decode_backend!r} is not one of "
             f"{STANDARD!r}, {LATENCY_SPECIALIZED!r}; set the model's decode_backend to one of them."
         )
-    if phase not in ("decode", "prefill", "mixed"):
-        raise ValueError(f"forward_context: phase {phase!r} is not decode, prefill or mixed.")
-    token = _CTX.set(_Context(decode_backend, phase, tp_size))
+    if phase not in PHASES:
+        raise ValueError(f"forward_context: phase {phase!r} is not one of {list(PHASES)}.")
+    for name, v in (("requests", requests), ("query_len", query_len)):
+        if v is not None and (type(v) is not int or v < 1):
+            raise ValueError(f"forward_context: {name} must be an int >= 1 (a count); got {v!r}.")
+    if phase == "decode" and query_len not in (None, 1):
+        raise ValueError(f"forward_context: a decode step has query length 1; got {query_len}. A step verifying "
+                         "draft tokens is phase='spec_verify'.")
+    if phase == "spec_verify" and (requests is None or query_len is None or query_len < 2):
+        raise ValueError(f"forward_context: a spec_verify step needs requests and query_len >= 2 (1 + D draft tokens); "
+                         f"got requests={requests!r}, query_len={query_len!r}.")
+    token = _CTX.set(_Context(decode_backend, phase, tp_size, requests, query_len or 1))
     try:
         yield
     finally:
@@ -449,7 +529,8 @@ _KEYS: dict[tuple[str, str], str] = {}
 _SCOPES: dict[int, tuple[Any, OpScope]] = {}
 """id(module) -> (module, its parsed scope); the module is kept so its id is never reused while cached."""
 _ROUTES: dict[tuple, tuple[OpScope, bool, str]] = {}
-""":func:`select`'s memo of :func:`route`: (op, id(scope), phase, batch, device, dtype, TP size, shape items)
+""":func:`select`'s memo of :func:`route`: (op, id(scope), phase, requests, query length, rows, device, dtype,
+TP size, shape items)
 -> (the scope, in scope?, reason). A decode step calls each op with the same few keys, and the scope
 checks with their reasons cost ~10 us a call on the 2-core CI machine (a 576 x 19 GEMM at M = 2: 26.9 us
 through a merged kernel against 16.7 us on the standard path, measured 2026-12-04), more than a
@@ -468,7 +549,8 @@ def route(op: str, scope: OpScope, batch: BatchInfo) -> tuple[bool, str]:
     one rule the dispatcher (:func:`select`) and the activation guard use.
 
     First the op's judged shape domain (:func:`register_op_shapes`: no kernel was judged outside it),
-    then the kernel's own scope (``OpScope.covers``: phase, batch, device, dtype, TP size, ``shapes``).
+    then the kernel's own scope (``OpScope.covers``: phase, requests, query length, rows, device, dtype, TP
+    size, ``shapes``).
 
     Returns:
         ``(True, "in scope (...)")`` or ``(False, reason)``; a reason names the field or axis, the
@@ -577,7 +659,7 @@ def declared_scope(op: str, device: str | None = None) -> OpScope | None:
     return None if mod is None else _scope_of(op, mod)
 
 
-def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, device: str, dtype: str,
+def select(op: str, entry: str, standard: Callable[..., Any], rows: int, device: str, dtype: str,
            shapes: dict[str, int] | None = None) -> Callable[..., Any]:
     """Pick the implementation of ``op`` for one call, record and log the decision.
 
@@ -585,7 +667,8 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
         op: the op name (also the kernel folder under ``k3_model/kernels/``).
         entry: the function name the latency-specialized module must define.
         standard: the standard-path implementation.
-        batch_size: decode batch (requests) of this call.
+        rows: token rows of this call's main input (count). The step's requests and query length come
+            from the forward context.
         device: device type of the inputs.
         dtype: dtype name of the op's main input.
         shapes: the call's shape axes (axis -> size); required, with exactly the registered axes, for an
@@ -605,10 +688,12 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                             f"registered {sorted(registered)}; k3_model/ops/{op}.py must pass every registered axis.")
     ctx = _CTX.get()
     if ctx is None:
-        impl, reason, fn = STANDARD, "no forward context: batch phase unknown", standard
-        phase, tp = "unknown", 1
+        impl, reason, fn = STANDARD, "no forward context: step phase unknown", standard
+        phase, tp, requests, query_len = "unknown", 1, rows, 1
     else:
         phase, tp = ctx.phase, ctx.tp_size
+        requests = rows if ctx.requests is None else ctx.requests
+        query_len = ctx.query_len
         if ctx.decode_backend == STANDARD:
             impl, reason, fn = STANDARD, "decode_backend is standard", standard
         else:
@@ -617,7 +702,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                 impl, reason, fn = STANDARD, f"no latency-specialized kernel merged for {op}", standard
             else:
                 scope = _scope_of(op, mod)
-                key = (op, id(scope), phase, batch_size, device, dtype, tp, tuple(shapes.items()))
+                key = (op, id(scope), phase, requests, query_len, rows, device, dtype, tp, tuple(shapes.items()))
                 try:
                     hit = _ROUTES.get(key)
                 except TypeError:  # an unhashable shape value: route() says what is wrong with it
@@ -625,7 +710,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                 if hit is not None and hit[0] is scope:
                     ok, why = hit[1], hit[2]
                 else:
-                    ok, why = route(op, scope, BatchInfo(phase, batch_size, device, dtype, tp, shapes))
+                    ok, why = route(op, scope, BatchInfo(phase, requests, query_len, rows, device, dtype, tp, shapes))
                     if key is not None:
                         if len(_ROUTES) >= _ROUTES_MAX:
                             _ROUTES.clear()
@@ -640,7 +725,7 @@ def select(op: str, entry: str, standard: Callable[..., Any], batch_size: int, d
                     impl, reason = LATENCY_SPECIALIZED, why
                 else:
                     impl, reason, fn = STANDARD, why, standard
-    decision = Decision(op, impl, reason, batch_size, phase, device)
+    decision = Decision(op, impl, reason, rows, phase, device, requests, query_len)
     logger.debug("dispatch %s -> %s (%s)", op, impl, reason)
     for trace in _TRACES.get():
         trace.append(decision)

@@ -1093,7 +1093,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
             for st in k.layers:
                 if isinstance(st, KDAState):
                     st.track_positions()
-        with forward_context(decode_backend="standard", phase="decode"):
+        with forward_context(decode_backend="standard", phase="spec_verify", requests=B, query_len=1 + D):
             logits = torch.cat(model.forward_groups([(tokens[b:b + 1].to(dev), ks[b]) for b in range(B)],
                                                     capturable=capturable))
         return logits.to(ldt).argmax(-1)
@@ -1145,7 +1145,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
                 for st in k.layers:
                     if isinstance(st, KDAState):
                         st.track_positions()
-            with forward_context(decode_backend=side, phase="decode"):
+            with forward_context(decode_backend=side, phase="spec_verify", requests=B, query_len=1 + D):
                 return torch.cat(model.forward_groups(groups, capturable=capturable))
         return fwd
 
@@ -1169,7 +1169,8 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
 
         def call() -> None:
             target = graph.replay().to(ldt) if graph is not None else None  # the model forward: one graph replay
-            with record_trace() as trace, forward_context(decode_backend=side, phase="decode"):
+            with record_trace() as trace, forward_context(decode_backend=side, phase="spec_verify", requests=B,
+                                                          query_len=1 + D):
                 if target is None:
                     target = fwd().to(ldt)
                 # the verification and the rollback run eagerly, as a serving engine runs its rejection

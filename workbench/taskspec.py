@@ -53,6 +53,10 @@ _AXIS_NAME = r"^[A-Z][A-Z0-9_]*$"
 _SHAPE_FUNCS = {"cdiv": lambda a, b: -(-a // b), "max": max, "min": min}
 
 
+Phase = Literal["decode", "spec_verify", "prefill", "mixed"]
+"""Step phases, as ``k3_model.dispatch.PHASES``."""
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -317,7 +321,8 @@ class WorkloadSpec(_Frozen):
         axes: a value for every axis of the task.
         params: scalar keyword arguments of the op (bools, floats, ints, strings).
         case: the input distribution ``inputs.make_inputs`` draws (``"realistic"`` or an edge case).
-        phase: decode, prefill or mixed (what the dispatcher is told).
+        phase: the step phase the dispatcher is told (``decode``, ``spec_verify``, ``prefill``, ``mixed``);
+            unset: the first of the task's ``scope.phases``.
         random_template: random correctness draws may start from this workload and redraw the batch axis.
         invariance: a checked ``[domain.invariances]`` entry (a metamorphic pair): the second call's
             inputs are the transformed twin of the first's, and the outputs are related
@@ -329,39 +334,93 @@ class WorkloadSpec(_Frozen):
     axes: dict[str, int]
     params: dict[str, bool | int | float | str] = Field(default_factory=dict)
     case: str = "realistic"
-    phase: Literal["decode", "prefill", "mixed"] = "decode"
+    phase: Phase = "decode"
     random_template: bool = False
     invariance: str = ""
     note: str = ""
 
 
 class ScopeSpec(_Frozen):
-    """Where a latency-specialized implementation may claim to run (DESIGN.md "K3 ops").
+    """Where a latency-specialized implementation may claim to run (DESIGN.md "K3 ops"), in requests and
+    query tokens per request, as a kernel's ``SCOPE`` (``k3_model.dispatch.OpScope``; issue 21,
+    docs/scope-requests.md).
 
     Attributes:
         devices: device kinds (``cpu``, ``cuda``).
-        phases: batch phases (decode only for this project's kernels).
+        phases: step phases (``decode``: one query token per request; ``spec_verify``: 1 + D).
         tp_sizes: tensor-parallel world sizes.
         dtypes: dtypes of ``dtype_input``.
         dtype_input: the input whose dtype is the op's dtype.
-        batch_axis: the axis that is the decode batch.
-        batch_min, batch_max: inclusive batch range (requests).
+        requests_axis: the axis that counts the step's requests. In every task today the op's main input
+            has one row per request of a case, so it is also the op's row count (moe_dispatch ``T``:
+            on a decode step each request is one token row).
+        requests_min, requests_max: inclusive range of requests (count).
+        draft_axis: the axis that counts draft tokens per request (D; query length 1 + D), or unset for
+            a task judged on decode steps only (query length 1).
+        query_len_min, query_len_max: inclusive range of query tokens per request (count).
+
+    Raises:
+        ValueError (pydantic): an empty range, the old row fields ``batch_axis``/``batch_min``/``batch_max``
+            (with their replacements named), query length above 1 without a draft axis, or phases that
+            disagree with the query length.
     """
 
     devices: tuple[Literal["cpu", "cuda"], ...]
-    phases: tuple[Literal["decode", "prefill", "mixed"], ...] = ("decode",)
+    phases: tuple[Phase, ...] = ("decode",)
     tp_sizes: tuple[int, ...] = (1,)
     dtypes: tuple[Literal["float32", "float16", "bfloat16"], ...]
     dtype_input: str
-    batch_axis: str
-    batch_min: int = Field(ge=1)
-    batch_max: int = Field(ge=1)
+    requests_axis: str
+    requests_min: int = Field(ge=1)
+    requests_max: int = Field(ge=1)
+    draft_axis: str | None = None
+    query_len_min: int = Field(default=1, ge=1)
+    query_len_max: int = Field(default=1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [k for k in ("batch_axis", "batch_min", "batch_max") if k in data]
+            if old:
+                raise ValueError(f"[scope] names {', '.join(old)}, the token-row fields of before issue 21; declare "
+                                 "requests_axis, requests_min, requests_max (requests in the step) and, for a task "
+                                 "judged on verification steps, draft_axis, query_len_min, query_len_max (1 + D query "
+                                 "tokens per request). See docs/scope-requests.md")
+        return data
 
     @model_validator(mode="after")
     def _range(self) -> ScopeSpec:
-        if self.batch_max < self.batch_min:
-            raise ValueError(f"batch_max ({self.batch_max}) is below batch_min ({self.batch_min})")
+        if self.requests_max < self.requests_min:
+            raise ValueError(f"requests_max ({self.requests_max}) is below requests_min ({self.requests_min})")
+        if self.query_len_max < self.query_len_min:
+            raise ValueError(f"query_len_max ({self.query_len_max}) is below query_len_min ({self.query_len_min})")
+        if self.draft_axis is None and self.query_len_max > 1:
+            raise ValueError(f"query_len_max {self.query_len_max} needs a draft_axis (the axis of D, query length 1 + D)")
+        if (self.query_len_max > 1) != ("spec_verify" in self.phases):
+            raise ValueError(f"phases {list(self.phases)} and query length [{self.query_len_min}, {self.query_len_max}] "
+                             "disagree: list \"spec_verify\" exactly when query_len_max is above 1")
+        if "decode" in self.phases and self.query_len_min > 1:
+            raise ValueError(f"phases list \"decode\" (query length 1) but query_len_min is {self.query_len_min}")
         return self
+
+    def step(self, axes: Mapping[str, int]) -> tuple[int, int, int]:
+        """(requests, query length, token rows) of a case with these axis values: the counts the guards'
+        child gives ``k3_model.dispatch.forward_context`` and the activation guard checks claims with.
+
+        Raises:
+            KeyError: ``axes`` lacks the requests or draft axis (a workload names every axis by construction).
+        """
+        requests = int(axes[self.requests_axis])
+        query_len = 1 + int(axes[self.draft_axis]) if self.draft_axis is not None else 1
+        return requests, query_len, requests
+
+    def claim_dict(self) -> dict[str, Any]:
+        """The task's scope as the judged limits a kernel's ``SCOPE`` is held to (plain lists and ints: the
+        form the guards' child compares a declared scope with)."""
+        return {"devices": list(self.devices), "phases": list(self.phases), "tp_sizes": list(self.tp_sizes),
+                "dtypes": list(self.dtypes), "requests_min": self.requests_min, "requests_max": self.requests_max,
+                "query_len_min": self.query_len_min, "query_len_max": self.query_len_max}
 
 
 Scalar = bool | int | float | str
@@ -875,6 +934,23 @@ class TaskSpec(_Frozen):
     distributed: DistributedSpec | None = None
     domain: DomainSpec | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_phase(cls, data: Any) -> Any:
+        """A workload that names no phase runs in the first of the scope's phases (``spec_verify`` for a task
+        judged on verification steps only)."""
+        if not isinstance(data, dict):
+            return data
+        scope, corr = data.get("scope"), data.get("correctness")
+        phases = scope.get("phases") if isinstance(scope, dict) else None
+        if not phases or not isinstance(phases, list | tuple) or not isinstance(corr, dict):
+            return data
+        wls = corr.get("workloads")
+        if not isinstance(wls, list):
+            return data
+        filled = [({**w, "phase": phases[0]} if isinstance(w, dict) and "phase" not in w else w) for w in wls]
+        return {**data, "correctness": {**corr, "workloads": filled}}
+
     @model_validator(mode="after")
     def _consistent(self) -> TaskSpec:
         axes = set(self.axes)
@@ -924,8 +1000,14 @@ class TaskSpec(_Frozen):
                 raise ValueError(f"allowed_paths entry {pattern!r} must be relative and stay inside the tree")
             if not pattern.startswith("k3_model/"):
                 raise ValueError(f"allowed_paths entry {pattern!r} must lie under k3_model/")
-        if self.scope.batch_axis not in axes:
-            raise ValueError(f"scope.batch_axis {self.scope.batch_axis!r} is not in [axes]")
+        for field in ("requests_axis", "draft_axis"):
+            ax = getattr(self.scope, field)
+            if ax is not None and ax not in axes:
+                raise ValueError(f"scope.{field} {ax!r} is not in [axes]")
+        for w in (*self.correctness.workloads,):
+            if w.phase not in self.scope.phases:
+                raise ValueError(f"correctness workload {w.name!r} has phase {w.phase!r}, not in scope.phases "
+                                 f"{list(self.scope.phases)}; set its phase = ... to one of them")
         if self.scope.dtype_input not in self.inputs:
             raise ValueError(f"scope.dtype_input {self.scope.dtype_input!r} is not an input")
         names = [w.name for w in self.correctness.workloads]
@@ -996,11 +1078,16 @@ class TaskSpec(_Frozen):
                 if unknown:
                     raise ValueError(f"domain.{kind}: {c!r} names {unknown[0]!r}, which is neither an axis nor a "
                                      f"declared param (known: {', '.join(sorted(known))})")
-        b = dom.axes[self.scope.batch_axis]
-        lo, hi = (min(b.choices), max(b.choices)) if b.choices is not None else (b.min, b.max)
-        if lo < self.scope.batch_min or hi > self.scope.batch_max:  # type: ignore[operator]
-            raise ValueError(f"domain.axes.{self.scope.batch_axis} allows [{lo}, {hi}], outside the scope's batch range "
-                             f"[{self.scope.batch_min}, {self.scope.batch_max}]")
+        sc = self.scope
+        for ax, off, lo_s, hi_s, what in ((sc.requests_axis, 0, sc.requests_min, sc.requests_max, "requests"),
+                                          (sc.draft_axis, 1, sc.query_len_min, sc.query_len_max, "query length")):
+            if ax is None:
+                continue
+            b = dom.axes[ax]
+            lo, hi = (min(b.choices), max(b.choices)) if b.choices is not None else (b.min, b.max)
+            if lo + off < lo_s or hi + off > hi_s:  # type: ignore[operator]
+                raise ValueError(f"domain.axes.{ax} allows [{lo}, {hi}], so {what} [{lo + off}, {hi + off}], outside the "
+                                 f"scope's {what} range [{lo_s}, {hi_s}]")
         if self.distributed is not None:
             wax = dom.axes[self.distributed.world_size_axis]
             sizes = wax.choices if wax.choices is not None else range(int(wax.min), int(wax.max) + 1)  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ def allreduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch
         OP,
         "allreduce_add_rmsnorm",
         allreduce_add_rmsnorm_standard,
-        batch_size=x.shape[0],
+        rows=x.shape[0],
         device=x.device.type,
         dtype=str(x.dtype).removeprefix("torch."),
         shapes={"D": x.shape[1]},

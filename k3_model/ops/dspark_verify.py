@@ -291,7 +291,7 @@ def dspark_verify(
         OP,
         "dspark_verify",
         dspark_verify_standard,
-        batch_size=target_logits.shape[0],
+        rows=target_logits.shape[0],
         device=target_logits.device.type,
         dtype=str(target_logits.dtype).removeprefix("torch."),
         shapes=shape_axes(target_logits, draft_probs),

@@ -182,7 +182,7 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.T
         OP,
         "kda_decode",
         kda_decode_standard,
-        batch_size=q.shape[0],
+        rows=q.shape[0],
         device=q.device.type,
         dtype=str(q.dtype).removeprefix("torch."),
         shapes=shape_axes(q, v, state),

@@ -125,7 +125,7 @@ def lse_merge(outs: torch.Tensor, lses: torch.Tensor, *, base_e: bool = True, ou
         OP,
         "lse_merge",
         lse_merge_standard,
-        batch_size=outs.shape[1],
+        rows=outs.shape[1],
         device=outs.device.type,
         dtype=str(outs.dtype).removeprefix("torch."),
         shapes=shape_axes(outs),

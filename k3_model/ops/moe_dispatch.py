@@ -226,7 +226,7 @@ def moe_route_dispatch(
         OP,
         "moe_route_dispatch",
         moe_route_dispatch_standard,
-        batch_size=router_logits.shape[0],
+        rows=router_logits.shape[0],
         device=router_logits.device.type,
         dtype=str(router_logits.dtype).removeprefix("torch."),
         shapes=shape_axes(router_logits, top_k, n_group, topk_group, block_size),

@@ -104,7 +104,7 @@ def small_m_gemm(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor) ->
         OP,
         "small_m_gemm",
         small_m_gemm_standard,
-        batch_size=x.shape[0],
+        rows=x.shape[0],
         device=x.device.type,
         dtype=str(x.dtype).removeprefix("torch."),
         shapes=shape_axes(x, weight),

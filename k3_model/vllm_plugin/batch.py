@@ -1,4 +1,5 @@
-"""Classify one vLLM forward step as ``decode``, ``prefill`` or ``mixed`` from per-request query lengths.
+"""Classify one vLLM forward step as ``decode``, ``spec_verify``, ``prefill`` or ``mixed`` from per-request
+query lengths.
 
 vLLM's CPU attention metadata cannot be asked directly: ``CPUAttentionMetadata.num_decode_tokens`` is
 always 0 (the CPU builder never sets it), and a speculative verification step feeds every request
@@ -7,8 +8,10 @@ always 0 (the CPU builder never sets it), and a speculative verification step fe
 * a request is a **decode** request when it already has context (``context_len > 0``) and either its
   query length is 1, or it is a speculative row (the scheduler gave it drafts; its query length is then
   at most 1 + D);
-* the step is ``decode`` when every request is a decode request, ``prefill`` when none is, ``mixed``
-  otherwise.
+* the step is ``decode`` when every request is a decode request of query length 1, ``spec_verify``
+  when every request is a decode request and one of them verifies drafts (query length above 1: the
+  dispatcher's scopes count its requests and 1 + D query tokens, issue 21), ``prefill`` when none is a
+  decode request, ``mixed`` otherwise.
 
 A prompt of one token (no context) is prefill; a chunked-prefill continuation whose chunk happens to be
 1 + D tokens long is prefill too when the scheduler did not mark it as speculative, which is why the
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-PHASES = ("decode", "prefill", "mixed")
+PHASES = ("decode", "spec_verify", "prefill", "mixed")
 
 
 def classify_batch(query_lens: Sequence[int], context_lens: Sequence[int], *, num_spec: int = 0,
@@ -38,7 +41,7 @@ def classify_batch(query_lens: Sequence[int], context_lens: Sequence[int], *, nu
             infer it (query length exactly 1 + D with context, when ``num_spec > 0``).
 
     Returns:
-        ``"decode"``, ``"prefill"`` or ``"mixed"``.
+        ``"decode"``, ``"spec_verify"``, ``"prefill"`` or ``"mixed"``.
 
     Raises:
         ValueError: the sequences differ in length, are empty, or hold a negative length.
@@ -61,7 +64,7 @@ def classify_batch(query_lens: Sequence[int], context_lens: Sequence[int], *, nu
             spec = num_spec > 0 and q == 1 + num_spec
         decode.append(c > 0 and (q == 1 or spec))
     if all(decode):
-        return "decode"
+        return "spec_verify" if max(query_lens) > 1 else "decode"
     if not any(decode):
         return "prefill"
     return "mixed"

@@ -407,7 +407,9 @@ class K3ForCausalLM(nn.Module):
             if isinstance(layer, K3KDALayer):
                 layer.plan = plan
         try:
-            with record_trace() as trace, forward_context(decode_backend=self.decode_backend, phase=phase):
+            with record_trace() as trace, forward_context(decode_backend=self.decode_backend, phase=phase,
+                                                          requests=len(plan) if plan else None,
+                                                          query_len=max(qlens) if phase == "spec_verify" else None):
                 out = self._forward(input_ids, inputs_embeds)
         finally:
             for layer in self.layers:

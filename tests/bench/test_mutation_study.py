@@ -24,7 +24,7 @@ import torch
 
 from k3_model.dispatch import OpScope
 
-SCOPE = OpScope(devices=("cpu",), batch_min=1, batch_max=64)
+SCOPE = OpScope(devices=("cpu",), requests_min=1, requests_max=64)
 LIMIT = 256
 
 

@@ -26,7 +26,7 @@ GOOD = Path("tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels
 HEADER = '''
 import torch
 from k3_model.dispatch import OpScope
-SCOPE = OpScope(devices=("cpu",), batch_min=1, batch_max=64)
+SCOPE = OpScope(devices=("cpu",), requests_min=1, requests_max=64)
 '''
 
 
@@ -85,7 +85,7 @@ def test_hanging_child_is_killed_and_fails(project_repo, tmp_path):
 
 @pytest.mark.slow
 def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
-    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=128")
+    src = (project_repo / GOOD).read_text().replace("requests_max=64", "requests_max=128")
     ctx = _candidate(project_repo, tmp_path, src, "wide")
     corr = CorrectnessGuard().check(ctx)
     # rejected before any configuration runs (issue 17 item 6): correctness SKIPs, activation decides
@@ -98,7 +98,7 @@ def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
 
 @pytest.mark.slow
 def test_narrow_scope_passes_activation_and_records_fallbacks(project_repo, tmp_path):
-    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=8")
+    src = (project_repo / GOOD).read_text().replace("requests_max=64", "requests_max=8")
     ctx = _candidate(project_repo, tmp_path, src, "narrow")
     assert CorrectnessGuard().check(ctx).status is Status.PASS
     v = ActivationGuard().check(ctx)
@@ -113,7 +113,7 @@ def test_activation_logs_every_dispatch_decision_for_verbose_runs(project_repo, 
     their pipes): the activation guard logs each configuration's decisions from the child's trace."""
     import logging
 
-    src = (project_repo / GOOD).read_text().replace("batch_max=64", "batch_max=8")
+    src = (project_repo / GOOD).read_text().replace("requests_max=64", "requests_max=8")
     ctx = _candidate(project_repo, tmp_path, src, "narrow-logged")
     assert CorrectnessGuard().check(ctx).status is Status.PASS
     with caplog.at_level(logging.DEBUG, logger="guards.activation"):
@@ -127,7 +127,7 @@ def test_activation_logs_every_dispatch_decision_for_verbose_runs(project_repo, 
 def test_scope_excess_lists_every_excess():
     task = load_task(Path(__file__).resolve().parents[2], "k3_moe_dispatch")
     out = scope_excess({"devices": ["cpu", "tpu"], "phases": ["decode", "prefill"], "tp_sizes": [1, 8],
-                        "dtypes": ["float32"], "batch_min": 1, "batch_max": 64}, task.scope)
+                        "dtypes": ["float32"], "requests_min": 1, "requests_max": 64}, task.scope)
     assert out == ["devices ['tpu'] not in the task's ['cpu', 'cuda']",
                    "phases ['prefill'] not in the task's ['decode']", "tp_sizes [8] not in the task's [1]"]
 
@@ -280,7 +280,7 @@ def test_a_child_that_claims_an_early_scope_rejection_falsely_fails_correctness(
 
     real = correctness.scope_limits
     monkeypatch.setattr(correctness, "scope_limits",
-                        lambda task, device, tp: {**real(task, device, tp), "batch_max": 8})  # child sees 8
+                        lambda task, device, tp: {**real(task, device, tp), "requests_max": 8})  # child sees 8
     ctx = _candidate(project_repo, tmp_path, (project_repo / GOOD).read_text() + "\n# a copy\n", "false-early")
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL and "no result" in " ".join(str(e.value) for e in v.evidence), v.summary
@@ -424,12 +424,12 @@ def _activation_ctx(tmp_path: Path, scope) -> GuardContext:
 
 
 @pytest.mark.parametrize("scope, got", [
-    ({"devices": ["cpu"], "phases": "decode", "tp_sizes": [1], "dtypes": ["float32"], "batch_min": 1,
-      "batch_max": 64}, "OpScope field 'phases' must be a plain tuple of str; got str."),
-    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [True], "dtypes": ["float32"], "batch_min": 1,
-      "batch_max": 64}, "OpScope field 'tp_sizes' item 0 must be exactly int; got bool."),
-    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [1], "dtypes": ["float32"], "batch_min": 1,
-      "batch_max": 64.5}, "OpScope field 'batch_max' must be exactly int; got float."),
+    ({"devices": ["cpu"], "phases": "decode", "tp_sizes": [1], "dtypes": ["float32"], "requests_min": 1,
+      "requests_max": 64}, "OpScope field 'phases' must be a plain tuple of str; got str."),
+    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [True], "dtypes": ["float32"], "requests_min": 1,
+      "requests_max": 64}, "OpScope field 'tp_sizes' item 0 must be exactly int; got bool."),
+    ({"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [1], "dtypes": ["float32"], "requests_min": 1,
+      "requests_max": 64.5}, "OpScope field 'requests_max' must be exactly int; got float."),
 ])
 def test_activation_fails_a_reported_scope_that_is_not_plain_data(tmp_path, scope, got):
     v = ActivationGuard().check(_activation_ctx(tmp_path, scope))
@@ -444,7 +444,7 @@ def test_activation_claims_uses_the_dispatchers_rule():
     from guards.activation import claims
     from k3_model.dispatch import BatchInfo, OpScope
 
-    scope = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("float32",), batch_min=2, batch_max=33)
+    scope = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("float32",), requests_min=2, requests_max=33)
     reported = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
     n_in = 0
     for phase in ("decode", "prefill", "mixed"):

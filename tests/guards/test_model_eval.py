@@ -216,7 +216,7 @@ import torch
 from k3_model.dispatch import OpScope
 from k3_model.ops.moe_dispatch import moe_route_dispatch_standard
 
-SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)
+SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), requests_min=1, requests_max=64)
 
 
 def moe_route_dispatch(router_logits, *args, **kw):
@@ -366,7 +366,7 @@ SWAP_BELOW it picks the next one instead (what a run a few ULP away from the sta
 from k3_model.dispatch import OpScope
 from k3_model.ops.moe_dispatch import moe_route_dispatch_standard, selection_scores
 
-SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)
+SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), requests_min=1, requests_max=64)
 SWAP_BELOW = 1e-3
 
 

@@ -31,7 +31,7 @@ def test_listed_workloads_come_first_and_draws_redraw_the_batch_inside_the_scope
         drawn = [w for w in ws[len(moe.perf.workloads):] if not w.name.startswith("random-perf-domain-")]
         assert len(drawn) == PERF_RANDOM_DRAWS and all(w.name.startswith("random-perf-") for w in drawn)
         listed_t = {moe.workload(n).axes["T"] for n in moe.perf.workloads}
-        assert all(moe.scope.batch_min <= w.axes["T"] <= moe.scope.batch_max and w.axes["T"] not in listed_t
+        assert all(moe.scope.requests_min <= w.axes["T"] <= moe.scope.requests_max and w.axes["T"] not in listed_t
                    for w in drawn)
 
 

@@ -23,7 +23,7 @@ from workbench.worktree import create_candidate
 ROOT = Path(__file__).resolve().parents[2]
 AR = "k3_allreduce_rmsnorm"
 BASE_SCOPE = {"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [1, 2, 4, 8], "dtypes": ["bfloat16"],
-              "batch_min": 1, "batch_max": 64}
+              "requests_min": 1, "requests_max": 64}
 
 
 @pytest.mark.parametrize("shapes, excess", [
@@ -80,11 +80,11 @@ def test_claims_and_the_dispatcher_agree_on_shapes():
 TAIL_BUG = Path("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-assumes-hidden-multiple-of-8.inject.toml")
 KERNEL = "k3_model/kernels/allreduce_rmsnorm/__init__.py"
 OLD_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2, 4, 8), dtypes=("bfloat16",),
-                batch_min=1, batch_max=64)"""
+                requests_min=1, requests_max=64)"""
 TP2_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(2,), dtypes=("bfloat16",),
-                batch_min=1, batch_max=64)"""
+                requests_min=1, requests_max=64)"""
 NEW_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("bfloat16",),
-                batch_min=1, batch_max=64, shapes={"D": {"multiple_of": 8}})"""
+                requests_min=1, requests_max=64, shapes={"D": {"multiple_of": 8}})"""
 
 
 def _ctx(repo: Path, tmp_path: Path, src: str, name: str, draws: int = 0, seed: int = 7) -> GuardContext:

@@ -38,7 +38,7 @@ def fake_kernel(monkeypatch):
 
     mod = types.ModuleType(OPMOD)
     mod.__file__ = "<fake>"
-    mod.SCOPE = OpScope(devices=("cpu",), batch_min=1, batch_max=16)
+    mod.SCOPE = OpScope(devices=("cpu",), requests_min=1, requests_max=16)
     mod.moe_route_dispatch = entry
     monkeypatch.setitem(sys.modules, OPMOD, mod)
     monkeypatch.setattr(dispatch, "_MODULES", {})
@@ -69,7 +69,7 @@ def test_in_scope_decode_runs_latency_specialized(fake_kernel):
     [("standard", "decode", 8, "decode_backend is standard"),
      ("latency_specialized", "prefill", 8, "phase 'prefill' not in ['decode']"),
      ("latency_specialized", "mixed", 8, "phase 'mixed'"),
-     ("latency_specialized", "decode", 17, "batch 17 outside [1, 16]")],
+     ("latency_specialized", "decode", 17, "requests 17 outside [1, 16]")],
 )
 def test_out_of_scope_falls_back_with_reason(fake_kernel, backend, phase, T, reason):
     with record_trace() as tr, forward_context(decode_backend=backend, phase=phase):
@@ -83,7 +83,7 @@ def test_no_forward_context_is_standard_and_says_so(fake_kernel):
     with record_trace() as tr:
         _call(4)
     assert tr.decisions[0].implementation == "standard"
-    assert tr.decisions[0].reason == "no forward context: batch phase unknown"
+    assert tr.decisions[0].reason == "no forward context: step phase unknown"
 
 
 def test_nothing_merged_is_reported(monkeypatch):
@@ -211,12 +211,12 @@ def _fake_module(monkeypatch, scope, entry=None):
     ({"devices": (_Str("cpu"),)},
      f"OpScope field 'devices' item 0 must be exactly str; got {__name__}._Str."),
     ({"devices": ("cpu",), "tp_sizes": (True,)}, "OpScope field 'tp_sizes' item 0 must be exactly int; got bool."),
-    ({"devices": ("cpu",), "batch_max": _Big(64)},
-     f"OpScope field 'batch_max' must be exactly int; got {__name__}._Big."),
-    ({"devices": ("cpu",), "batch_max": 64.0}, "OpScope field 'batch_max' must be exactly int; got float."),
+    ({"devices": ("cpu",), "requests_max": _Big(64)},
+     f"OpScope field 'requests_max' must be exactly int; got {__name__}._Big."),
+    ({"devices": ("cpu",), "requests_max": 64.0}, "OpScope field 'requests_max' must be exactly int; got float."),
     ({"devices": ()}, "OpScope field 'devices' is empty, so the kernel could never run"),
-    ({"devices": ("cpu",), "batch_min": 0}, "OpScope batch range [0, 64] is empty or below 1"),
-    ({"devices": ("cpu",), "batch_min": 65}, "OpScope batch range [65, 64] is empty or below 1"),
+    ({"devices": ("cpu",), "requests_min": 0}, "OpScope requests range [0, 64] is empty or below 1"),
+    ({"devices": ("cpu",), "requests_min": 65}, "OpScope requests range [65, 64] is empty or below 1"),
 ])
 def test_opscope_construction_rejects_what_is_not_plain_data(kwargs, message):
     with pytest.raises(ScopeError) as info:
@@ -226,11 +226,11 @@ def test_opscope_construction_rejects_what_is_not_plain_data(kwargs, message):
 
 
 def test_opscope_normalises_lists_to_plain_tuples():
-    s = OpScope(devices=["cpu"], phases=["decode"], tp_sizes=[1, 2], dtypes=["float32"], batch_min=1, batch_max=8)
+    s = OpScope(devices=["cpu"], phases=["decode"], tp_sizes=[1, 2], dtypes=["float32"], requests_min=1, requests_max=8)
     assert (s.devices, s.phases, s.tp_sizes, s.dtypes) == (("cpu",), ("decode",), (1, 2), ("float32",))
     assert all(type(getattr(s, f)) is tuple for f in ("devices", "phases", "tp_sizes", "dtypes"))
     assert s.to_dict() == {"devices": ("cpu",), "phases": ("decode",), "tp_sizes": (1, 2), "dtypes": ("float32",),
-                           "batch_min": 1, "batch_max": 8}
+                           "requests_min": 1, "requests_max": 8, "query_len_min": 1, "query_len_max": 1}
 
 
 def test_dict_literal_scope_is_accepted_and_is_what_the_dispatcher_uses(monkeypatch):
@@ -242,27 +242,27 @@ def test_dict_literal_scope_is_accepted_and_is_what_the_dispatcher_uses(monkeypa
 
         moe_route_dispatch_standard(router_logits, e_score_correction_bias, token_valid, **kw)
 
-    _fake_module(monkeypatch, {"devices": ["cpu"], "phases": ("decode",), "batch_min": 2, "batch_max": 4}, entry)
+    _fake_module(monkeypatch, {"devices": ["cpu"], "phases": ("decode",), "requests_min": 2, "requests_max": 4}, entry)
     scope = declared_scope("moe_dispatch")
     assert scope == OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",),
-                            batch_min=2, batch_max=4)
+                            requests_min=2, requests_max=4)
     assert type(scope) is OpScope and type(scope.devices) is tuple
     with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
         for T in (1, 2, 4, 5):
             _call(T)
     assert tr.implementations() == ["standard", "latency_specialized", "latency_specialized", "standard"]
     assert calls == [2, 4]
-    assert tr.decisions[3].reason == "out of declared scope: batch 5 outside [2, 4]"
+    assert tr.decisions[3].reason == "out of declared scope: requests 5 outside [2, 4]"
 
 
 @pytest.mark.parametrize("scope, message", [
     ({"devices": ("cpu",), "phases": _LyingPhases(("decode",))},
      "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'phases' must be a plain tuple"),
-    ({"devices": ("cpu",), "batch_max": _Big(64)},
-     "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'batch_max' must be exactly int"),
+    ({"devices": ("cpu",), "requests_max": _Big(64)},
+     "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'requests_max' must be exactly int"),
     ({"devices": ("cpu",), "batch_limit": 64},
      "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE has key(s) that are not OpScope fields "
-     "(batch_limit); expected keys among devices, phases, tp_sizes, dtypes, batch_min, batch_max, shapes."),
+     "(batch_limit); expected keys among devices, phases, tp_sizes, dtypes, requests_min, requests_max, query_len_min, query_len_max, shapes."),
     ({"phases": ("decode",)}, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE lacks 'devices'"),
     (None, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE must be a k3_model.dispatch.OpScope "
            "or a plain dict declaring where the kernel runs; no SCOPE is defined."),
@@ -297,17 +297,17 @@ def test_scope_tampered_after_construction_is_refused(monkeypatch):
 
 def test_scope_is_read_once_and_later_changes_change_nothing(monkeypatch):
     """Guards and dispatcher share the object parsed at import; rebinding or mutating SCOPE later is ignored."""
-    mod = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_min=1, batch_max=16))
+    mod = _fake_module(monkeypatch, OpScope(devices=("cpu",), requests_min=1, requests_max=16))
     first = declared_scope("moe_dispatch")
     assert first == mod.SCOPE and first is not mod.SCOPE  # a private copy
-    mod.SCOPE = OpScope(devices=("cpu",), phases=("decode", "prefill"), batch_min=1, batch_max=128)
+    mod.SCOPE = OpScope(devices=("cpu",), phases=("decode", "prefill"), requests_min=1, requests_max=128)
     assert declared_scope("moe_dispatch") is first
     with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
         _call(17)
     with record_trace() as tr2, forward_context(decode_backend="latency_specialized", phase="prefill"):
         _call(8)
     assert tr.implementations() == ["standard"] and tr2.implementations() == ["standard"]
-    assert tr.decisions[0].reason == "out of declared scope: batch 17 outside [1, 16]"
+    assert tr.decisions[0].reason == "out of declared scope: requests 17 outside [1, 16]"
 
 
 def test_module_whose_scope_changes_per_read_is_read_once(monkeypatch):
@@ -318,7 +318,7 @@ def test_module_whose_scope_changes_per_read_is_read_once(monkeypatch):
         @property
         def SCOPE(self):
             reads.append(1)
-            return OpScope(devices=("cpu",), batch_max=8 if len(reads) == 1 else 64)
+            return OpScope(devices=("cpu",), requests_max=8 if len(reads) == 1 else 64)
 
     mod = _fake_module(monkeypatch, None)
     del mod.SCOPE
@@ -326,31 +326,31 @@ def test_module_whose_scope_changes_per_read_is_read_once(monkeypatch):
     scope = declared_scope("moe_dispatch")
     with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
         _call(16)
-    assert scope.batch_max == 8 and declared_scope("moe_dispatch") is scope
+    assert scope.requests_max == 8 and declared_scope("moe_dispatch") is scope
     assert tr.implementations() == ["standard"] and len(reads) == 1
 
 
 def test_swapped_module_gets_its_own_parsed_scope(monkeypatch):
     """guards/_child_main.py swaps ``_MODULES[op]`` to time the base commit's kernel: each module keeps its scope."""
-    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_max=64))
-    assert declared_scope("moe_dispatch").batch_max == 64
+    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), requests_max=64))
+    assert declared_scope("moe_dispatch").requests_max == 64
     base = types.ModuleType("base_kernel")
     base.__file__ = "<base>"
-    base.SCOPE = OpScope(devices=("cpu",), batch_max=4)
+    base.SCOPE = OpScope(devices=("cpu",), requests_max=4)
     base.moe_route_dispatch = cand.moe_route_dispatch
     dispatch._MODULES["moe_dispatch"] = base
-    assert declared_scope("moe_dispatch").batch_max == 4
+    assert declared_scope("moe_dispatch").requests_max == 4
     dispatch._MODULES["moe_dispatch"] = cand
-    assert declared_scope("moe_dispatch").batch_max == 64
+    assert declared_scope("moe_dispatch").requests_max == 64
 
 
 def test_memoised_routes_follow_the_module_swap_and_the_batch(monkeypatch):
     """``select`` memoises ``route`` per (op, scope, batch, ...): swapping the base commit's kernel in and
     out (guards/_child_main.py) and changing the batch still give each call its own decision and reason."""
-    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), batch_max=64))
+    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), requests_max=64))
     base = types.ModuleType("base_kernel")
     base.__file__ = "<base>"
-    base.SCOPE = OpScope(devices=("cpu",), batch_max=4)
+    base.SCOPE = OpScope(devices=("cpu",), requests_max=4)
     base.moe_route_dispatch = cand.moe_route_dispatch
     monkeypatch.setattr(dispatch, "_ROUTES", {})
     seen = []
@@ -362,7 +362,7 @@ def test_memoised_routes_follow_the_module_swap_and_the_batch(monkeypatch):
     assert [s[0] for s in seen] == ["latency_specialized", "latency_specialized", "standard", "latency_specialized",
                                     "latency_specialized", "standard"]
     assert seen[0] == seen[1] == seen[4] and seen[2] == seen[5]
-    assert seen[2][1] == "out of declared scope: batch 16 outside [1, 4]", seen[2]
+    assert seen[2][1] == "out of declared scope: requests 16 outside [1, 4]", seen[2]
     assert len(dispatch._ROUTES) == 3  # (cand, 16), (base, 16), (base, 4)
 
 
@@ -401,10 +401,10 @@ def test_lying_scope_in_a_kernel_module_fails_at_import(monkeypatch, tmp_path):
 
 
 def test_parse_scope_returns_a_fresh_equal_object():
-    s = OpScope(devices=("cpu", "cuda"), tp_sizes=(1, 2), batch_max=32)
+    s = OpScope(devices=("cpu", "cuda"), tp_sizes=(1, 2), requests_max=32)
     p = parse_scope(s)
     assert p == s and p is not s
-    assert parse_scope({"devices": ("cpu", "cuda"), "tp_sizes": [1, 2], "batch_max": 32}) == s
+    assert parse_scope({"devices": ("cpu", "cuda"), "tp_sizes": [1, 2], "requests_max": 32}) == s
 
 
 def _device_packages(tmp_path, monkeypatch, op: str, cuda_devices: str) -> None:
@@ -412,7 +412,7 @@ def _device_packages(tmp_path, monkeypatch, op: str, cuda_devices: str) -> None:
     temporary entry of ``k3_model.kernels.__path__``."""
     import k3_model.kernels as pkg
 
-    scope = 'SCOPE = OpScope(devices=({}), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)\n'
+    scope = 'SCOPE = OpScope(devices=({}), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), requests_min=1, requests_max=64)\n'
     head = "from k3_model.dispatch import OpScope\n"
     (tmp_path / op / "cuda").mkdir(parents=True)
     (tmp_path / op / "__init__.py").write_text(head + scope.format('"cpu",') + "def run():\n    return 'cpu kernel'\n")

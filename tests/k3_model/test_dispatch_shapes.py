@@ -32,7 +32,7 @@ def test_each_ops_shape_domain_mirrors_its_tasks_domain_axes(task_id):
     world = task.distributed.world_size_axis if task.distributed else None
     want = {}
     for axis, spec in task.domain.axes.items():
-        if axis in (task.scope.batch_axis, world):
+        if axis in (task.scope.requests_axis, world):
             continue
         want[axis] = {"choices": tuple(spec.choices)} if spec.choices is not None else {"min": spec.min, "max": spec.max}
     assert mod.SHAPE_DOMAIN == want
@@ -75,7 +75,7 @@ def test_malformed_shape_declarations_are_clear_errors(shapes, message):
     ("hidden", "SCOPE.shapes names axis(es) ['hidden'] that op 'allreduce_rmsnorm' does not have"),
 ])
 def test_a_shape_axis_the_op_does_not_have_is_refused(axis, why):
-    with pytest.raises(ScopeError, match="batch_min/batch_max and tp_sizes") as info:
+    with pytest.raises(ScopeError, match="query_len_min/query_len_max and tp_sizes") as info:
         parse_scope({"devices": ("cpu",), "shapes": {axis: {"max": 64}}}, where="K", op="allreduce_rmsnorm")
     assert str(info.value).startswith(f"K: {why}")
 
@@ -120,7 +120,7 @@ def test_declared_shapes_route_other_shapes_to_the_standard_path_with_the_axis_n
         _moe(4, 32, B=64)
     assert tr.implementations() == ["latency_specialized", "standard", "standard"]
     assert calls == [(4, 32)]
-    assert tr.decisions[0].reason == ("in scope (phase decode, batch 4, cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)")
+    assert tr.decisions[0].reason == ("in scope (phase decode, requests 4, query length 1, rows 4, cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)")
     assert tr.decisions[1].reason == "out of declared scope: shape E 64 not in [32] (SCOPE.shapes['E'] = {'choices': (32,)})"
     assert tr.decisions[2].reason == ("out of declared scope: shape B 64 above 32 "
                                       "(SCOPE.shapes['B'] = {'min': 16, 'max': 32})")
@@ -152,7 +152,7 @@ def test_a_scope_naming_an_unknown_axis_fails_at_the_first_call_not_silently(moe
 
 def test_an_op_that_does_not_report_its_registered_axes_is_a_dispatch_error():
     with pytest.raises(DispatchError, match=r"reports shape axes \['E'\] but the op registered \['B', 'E', 'G', 'K', 'TG'\]"):
-        dispatch.select("moe_dispatch", "moe_route_dispatch", lambda: None, batch_size=1, device="cpu",
+        dispatch.select("moe_dispatch", "moe_route_dispatch", lambda: None, rows=1, device="cpu",
                         dtype="float32", shapes={"E": 32})
 
 

@@ -20,8 +20,9 @@ from k3_model.vllm_plugin.trace import StepTrace, read_traces
         ([7], [0], 0, None, "prefill"),
         ([1], [0], 0, None, "prefill"),  # a one-token prompt is a prefill
         ([1, 63], [10, 0], 0, None, "mixed"),
-        ([8, 8], [20, 31], 7, None, "decode"),  # verification steps: 1 + D tokens
-        ([8, 1], [20, 31], 7, [True, False], "decode"),  # a row without drafts is still a decode row
+        ([8, 8], [20, 31], 7, None, "spec_verify"),  # verification steps: 1 + D tokens
+        ([8, 1], [20, 31], 7, [True, False], "spec_verify"),  # a row without drafts is still a decode row
+        ([1, 1], [20, 31], 7, [True, True], "decode"),  # no request got drafts this step
         ([8], [40], 7, [False], "prefill"),  # a chunk of 1 + D tokens the scheduler did not mark
         ([8, 5], [20, 0], 7, [True, False], "mixed"),
     ],

@@ -42,7 +42,7 @@ def _args(B=2, D=3, V=16, dtype=torch.bfloat16, q=False):
 
 def test_package_imports_without_cutedsl_and_declares_cuda_only():
     init = _init()
-    assert init.SCOPE.devices == ("cuda",) and init.SCOPE.batch_max == init.MAX_B == 64
+    assert init.SCOPE.devices == ("cuda",) and init.SCOPE.requests_max == init.MAX_B == 64
 
 
 def test_declared_cuda_only_so_cpu_runs_skip_it():

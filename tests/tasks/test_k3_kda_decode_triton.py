@@ -133,7 +133,7 @@ def test_package_imports_without_triton_and_declares_cuda_only(monkeypatch):
     pkg = _load("_kda_triton_pkg", PKG / "__init__.py")
     assert isinstance(pkg.SCOPE, OpScope)
     assert pkg.SCOPE.devices == ("cuda",) and pkg.SCOPE.dtypes == ("float32",) and pkg.SCOPE.phases == ("decode",)
-    assert (pkg.SCOPE.batch_min, pkg.SCOPE.batch_max, pkg.SCOPE.tp_sizes, pkg.SCOPE.shapes) == (1, 64, (1,), {})
+    assert (pkg.SCOPE.requests_min, pkg.SCOPE.requests_max, pkg.SCOPE.tp_sizes, pkg.SCOPE.shapes) == (1, 64, (1,), {})
 
 
 def test_fixture_is_listed_cuda_only_and_clean_to_the_audit():

@@ -71,14 +71,23 @@ def rules_text(agents_md: str, *, distributed: bool) -> str:
     return "\n".join(keep)
 
 
+def _query(s) -> str:
+    """The query-length part of a scope line: empty for a decode-only task."""
+    if s.draft_axis is None:
+        return ", query length 1 (decode steps)"
+    return (f", query length 1 + `{s.draft_axis}` in [{s.query_len_min}, {s.query_len_max}] (verification steps with "
+            f"`{s.draft_axis}` draft tokens)")
+
+
 def _scope_lines(task: TaskSpec, device: str) -> list[str]:
     s = task.scope
     tp = f", TP sizes {list(s.tp_sizes)}" if task.distributed is not None else ""
     lines = [f"- Task scope: devices {list(s.devices)}, phases {list(s.phases)}{tp}, dtypes {list(s.dtypes)} (of input "
-             f"`{s.dtype_input}`), batch axis `{s.batch_axis}` in [{s.batch_min}, {s.batch_max}]. The guards run on "
-             f"**{device}**."]
+             f"`{s.dtype_input}`), requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}]{_query(s)}. "
+             f"The guards run on **{device}**."]
     claim = [f"devices: only `{device}` (the device this run judges)", f"phases within {list(s.phases)}",
-             f"dtypes within {list(s.dtypes)}", f"batch within [{s.batch_min}, {s.batch_max}]"]
+             f"dtypes within {list(s.dtypes)}", f"requests_min/requests_max within [{s.requests_min}, {s.requests_max}]",
+             f"query_len_min/query_len_max within [{s.query_len_min}, {s.query_len_max}]"]
     if task.distributed is not None:
         per_rank = "one GPU per rank" if device == "cuda" else "one process per rank"
         claim.append(f"TP sizes within {list(s.tp_sizes)} and only the world sizes this run judges ({per_rank})")
@@ -125,8 +134,8 @@ def _timing_lines(task: TaskSpec, device: str) -> list[str]:
                         "A result here is \"correct, perf not judged\"; it never counts as a speedup.", ""]
     s = task.scope
     drawn = "" if task.distributed is not None else (
-        f", plus {P.PERF_RANDOM_DRAWS} batch sizes `{s.batch_axis}` drawn at judging time in [{s.batch_min}, "
-        f"{s.batch_max}]" + (f" and {P.PERF_DOMAIN_DRAWS} configurations drawn over the task's whole domain (every "
+        f", plus {P.PERF_RANDOM_DRAWS} request counts `{s.requests_axis}` drawn at judging time in [{s.requests_min}, "
+        f"{s.requests_max}]" + (f" and {P.PERF_DOMAIN_DRAWS} configurations drawn over the task's whole domain (every "
                             f"axis and param; regimes {', '.join(P.timed_regimes(task))})" if task.domain else "")
         + " (timed where `SCOPE` claims them; judged for regressions only)")
     lines += [f"Timed workloads: {', '.join(f'`{n}`' for n in pf.workloads)}{drawn}. Required: no configuration "

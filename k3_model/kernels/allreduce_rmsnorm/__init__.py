@@ -25,7 +25,7 @@ import torch.distributed as dist
 from k3_model.dispatch import OpScope
 
 SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2, 4, 8), dtypes=("bfloat16",),
-                batch_min=1, batch_max=64)
+                requests_min=1, requests_max=64)
 
 ONE_SHOT_MAX_BYTES = 256 * 1024
 """Largest partial (bytes per rank) sent one-shot. One-shot moves (W-1) T D bf16 per rank, two-shot

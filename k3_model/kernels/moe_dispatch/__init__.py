@@ -12,7 +12,7 @@ import torch
 
 from k3_model.dispatch import OpScope
 
-SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), batch_min=1, batch_max=64)
+SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), requests_min=1, requests_max=64)
 
 
 def moe_route_dispatch(router_logits, e_score_correction_bias, token_valid, *, top_k, n_group, topk_group,

@@ -1,0 +1,176 @@
+"""Scopes in requests and query tokens per request (issue 21 stage 1; docs/scope-requests.md): a decode step
+has query length 1, a verification step of D draft tokens 1 + D; the dispatcher, the task spec and the vLLM
+plugin's step classification use the same fields, and the old row bounds are refused with their replacements."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from k3_model import dispatch
+from k3_model.dispatch import OpScope, ScopeError, forward_context, parse_scope, record_trace
+from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
+from k3_model.vllm_plugin.batch import classify_batch
+from workbench.errors import TaskSpecError
+from workbench.taskspec import load_task, load_task_file
+
+OPMOD = "k3_model.kernels.moe_dispatch"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _install(monkeypatch, scope) -> list[int]:
+    calls: list[int] = []
+
+    def entry(router_logits, e_score_correction_bias, token_valid, **kw):
+        from k3_model.ops.moe_dispatch import moe_route_dispatch_standard
+
+        calls.append(router_logits.shape[0])
+        moe_route_dispatch_standard(router_logits, e_score_correction_bias, token_valid, **kw)
+
+    mod = types.ModuleType(OPMOD)
+    mod.__file__ = "<fake>"
+    mod.SCOPE = scope
+    mod.moe_route_dispatch = entry
+    monkeypatch.setitem(sys.modules, OPMOD, mod)
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    monkeypatch.setattr(dispatch, "_ROUTES", {})
+    return calls
+
+
+def _route(T: int, E: int = 32, K: int = 4) -> None:
+    cap, nb = align_capacity(T, K, E, 16)
+    outs = dict(topk_weights=torch.empty(T, K), topk_ids=torch.empty(T, K, dtype=torch.int32),
+                sorted_token_ids=torch.empty(cap, dtype=torch.int32), expert_ids=torch.empty(nb, dtype=torch.int32),
+                num_tokens_post_padded=torch.empty(1, dtype=torch.int32))
+    moe_route_dispatch(torch.randn(T, E), torch.zeros(E), torch.ones(T, dtype=torch.bool), top_k=K, n_group=1,
+                       topk_group=1, renormalize=True, routed_scaling_factor=1.0, block_size=16, **outs)
+
+
+@pytest.mark.parametrize("key", ["batch_min", "batch_max"])
+def test_old_row_bounds_are_a_scope_error_naming_their_replacements(key):
+    with pytest.raises(ScopeError) as info:
+        parse_scope({"devices": ("cpu",), key: 8}, where="K")
+    msg = str(info.value)
+    assert msg.startswith(f"K: SCOPE names {key}: batch_min/batch_max counted token rows"), msg
+    assert "requests_min/requests_max" in msg and "query_len_min/query_len_max" in msg and '"spec_verify"' in msg
+
+
+def test_old_row_bounds_as_opscope_keywords_are_refused_by_python():
+    with pytest.raises(TypeError, match="batch_max"):
+        OpScope(devices=("cpu",), batch_max=64)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"query_len_max": 8}, 'query_len_max 8 needs "spec_verify" in phases'),
+    ({"phases": ("spec_verify",)}, 'lists "spec_verify" but query_len_max is 1'),
+    ({"phases": ("verify",)}, "OpScope phases ['verify'] are not step phases"),
+    ({"query_len_min": 3, "query_len_max": 2, "phases": ("spec_verify",)}, "query length range [3, 2] is empty"),
+    ({"query_len_min": 0}, "query length range [0, 1] is empty or below 1"),
+])
+def test_query_length_and_phases_must_agree(kwargs, msg):
+    with pytest.raises(ScopeError) as info:
+        OpScope(devices=("cpu",), **kwargs)
+    assert msg in str(info.value), str(info.value)
+
+
+def test_decode_only_scope_runs_decode_and_falls_back_on_verification_steps(monkeypatch):
+    calls = _install(monkeypatch, OpScope(devices=("cpu",), requests_min=1, requests_max=64))
+    with record_trace() as tr:
+        with forward_context(decode_backend="latency_specialized", phase="decode", requests=8):
+            _route(8)
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=1, query_len=8):
+            _route(8)  # batch 1 with 7 drafts: the same 8 rows, another step
+    assert calls == [8]
+    d0, d1 = tr.decisions
+    assert (d0.implementation, d0.requests, d0.query_len, d0.rows) == ("latency_specialized", 8, 1, 8)
+    assert (d1.implementation, d1.phase, d1.requests, d1.query_len, d1.rows) == ("standard", "spec_verify", 1, 8, 8)
+    assert d1.reason == "out of declared scope: phase 'spec_verify' not in ['decode']"
+
+
+def test_verification_scope_counts_requests_not_rows(monkeypatch):
+    """The seed's scope, decode batch 1-64 with 7 draft tokens: 16 verifying requests are 128 rows and in
+    scope; a 9th draft token (query length 9) is not."""
+    scope = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), requests_min=1, requests_max=64,
+                    query_len_min=1, query_len_max=8)
+    calls = _install(monkeypatch, scope)
+    with record_trace() as tr:
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=16, query_len=8):
+            _route(128)
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=2, query_len=9):
+            _route(18)
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=2, query_len=8):
+            _route(17)  # more rows than requests x query length: not a step this scope describes
+    assert calls == [128]
+    assert [d.implementation for d in tr.decisions] == ["latency_specialized", "standard", "standard"]
+    assert tr.decisions[0].reason == ("in scope (phase spec_verify, requests 16, query length 8, rows 128, cpu, "
+                                      "float32, TP 1, E 32, K 4, G 1, TG 1, B 16)")
+    assert tr.decisions[1].reason == "out of declared scope: query length 9 outside [1, 8]"
+    assert tr.decisions[2].reason == ("out of declared scope: 17 token rows exceed requests x query length = 2 x 8")
+
+
+def test_without_requests_a_decode_step_counts_each_row_as_a_request(monkeypatch):
+    _install(monkeypatch, OpScope(devices=("cpu",), requests_min=1, requests_max=4))
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        _route(4)
+        _route(5)
+    assert [(d.implementation, d.requests, d.query_len) for d in tr.decisions] == \
+        [("latency_specialized", 4, 1), ("standard", 5, 1)]
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"phase": "decode", "query_len": 8}, "a decode step has query length 1; got 8"),
+    ({"phase": "spec_verify", "requests": 2}, "a spec_verify step needs requests and query_len >= 2"),
+    ({"phase": "spec_verify", "requests": 2, "query_len": 1}, "a spec_verify step needs requests and query_len >= 2"),
+    ({"phase": "verify"}, "phase 'verify' is not one of"),
+    ({"phase": "decode", "requests": 0}, "requests must be an int >= 1 (a count); got 0"),
+])
+def test_forward_context_refuses_a_step_that_cannot_be(kwargs, msg):
+    with pytest.raises(ValueError) as info, forward_context(decode_backend="latency_specialized", **kwargs):
+        pass
+    assert msg in str(info.value)
+
+
+@pytest.mark.parametrize("qlens, ctx, spec_rows, want", [
+    ([8] * 16, [30] * 16, None, "spec_verify"),  # 16 verifying requests at D = 7: 128 rows, one verification step
+    ([8, 3, 1], [30, 31, 32], [True, True, True], "spec_verify"),  # ragged drafts
+    ([1] * 16, [30] * 16, None, "decode"),
+])
+def test_vllm_step_classification_names_verification_steps(qlens, ctx, spec_rows, want):
+    assert classify_batch(qlens, ctx, num_spec=7, spec_rows=spec_rows) == want
+
+
+def test_task_scopes_are_in_requests_and_query_length():
+    moe, dspark = load_task(ROOT, "k3_moe_dispatch"), load_task(ROOT, "k3_dspark_verify")
+    assert (moe.scope.requests_axis, moe.scope.draft_axis, moe.scope.phases) == ("T", None, ("decode",))
+    assert moe.scope.step({"T": 9, "E": 384, "K": 8, "G": 1, "TG": 1, "B": 16}) == (9, 1, 9)
+    assert (dspark.scope.requests_axis, dspark.scope.draft_axis, dspark.scope.phases) == ("B", "D", ("spec_verify",))
+    assert dspark.scope.step({"B": 3, "D": 7, "V": 100, "Q": 1}) == (3, 8, 3)
+    assert {w.phase for w in dspark.correctness.workloads} == {"spec_verify"}  # the scope's first phase by default
+
+
+def test_task_with_old_row_fields_is_refused_with_the_replacements(tmp_path):
+    src = (ROOT / "tasks/k3_moe_dispatch/task.toml").read_text()
+    bad = src.replace('requests_axis = "T"\nrequests_min = 1\nrequests_max = 64\n',
+                      'batch_axis = "T"\nbatch_min = 1\nbatch_max = 64\n')
+    assert bad != src
+    p = tmp_path / "k3_moe_dispatch" / "task.toml"
+    p.parent.mkdir()
+    p.write_text(bad)
+    with pytest.raises(TaskSpecError) as info:
+        load_task_file(p)
+    msg = str(info.value)
+    assert "batch_axis, batch_min, batch_max, the token-row fields of before issue 21" in msg, msg
+    assert "requests_axis, requests_min, requests_max" in msg and "draft_axis, query_len_min, query_len_max" in msg
+
+
+def test_task_query_length_needs_a_draft_axis_and_spec_verify(tmp_path):
+    src = (ROOT / "tasks/k3_moe_dispatch/task.toml").read_text()
+    p = tmp_path / "k3_moe_dispatch" / "task.toml"
+    p.parent.mkdir()
+    p.write_text(src.replace("requests_max = 64\n", "requests_max = 64\nquery_len_max = 8\n"))
+    with pytest.raises(TaskSpecError, match="query_len_max 8 needs a draft_axis"):
+        load_task_file(p)
