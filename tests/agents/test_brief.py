@@ -36,7 +36,7 @@ def test_brief_contents(repo, task):
     assert "`k3_model/kernels/moe_dispatch/**`" in text
     assert "`k3_model.ops.moe_dispatch:moe_route_dispatch`" in text
     assert "- `topk_ids` (output): shape (T, K) int32" in text
-    assert "batch axis `T` in [1, 64]" in text
+    assert "requests `T` in [1, 64], query length 1 (decode steps)" in text
     assert "- `k3_t1`: 212.0 us per call" in text and "- `k3_t64`: 850.5 us per call" in text
     assert "measured once before you started (spread not measured):" in text
     assert f"workbench check k3_moe_dispatch --base {'a' * 40}" in text
@@ -117,7 +117,8 @@ def test_brief_scope_rule_and_no_distributed_rules_for_a_single_process_task(rep
     text = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                         mode="shell")
     assert ("- Scope rule: `SCOPE` must claim exactly what is judged: devices: only `cpu` (the device this run "
-            "judges); phases within ['decode']; dtypes within ['float32']; batch within [1, 64]; TP size 1 only "
+            "judges); phases within ['decode']; dtypes within ['float32']; requests_min/requests_max within [1, 64]; "
+            "query_len_min/query_len_max within [1, 1]; TP size 1 only "
             "(a single-process task).") in text
     assert ("The activation guard rejects a `SCOPE` that claims a device, batch size, dtype or phase that is not "
             "judged in this run") in text

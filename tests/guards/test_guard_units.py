@@ -444,19 +444,23 @@ def test_activation_claims_uses_the_dispatchers_rule():
     from guards.activation import claims
     from k3_model.dispatch import BatchInfo, OpScope
 
-    scope = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("float32",), requests_min=2, requests_max=33)
+    scope = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), tp_sizes=(1, 2), dtypes=("float32",),
+                    requests_min=2, requests_max=33, query_len_max=8)
     reported = {k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()}
     n_in = 0
-    for phase in ("decode", "prefill", "mixed"):
-        for batch in (1, 2, 33, 34, 64):
-            for device in ("cpu", "cuda"):
-                for dtype in ("float32", "bfloat16"):
-                    for tp in (1, 2, 4):
-                        want = scope.covers(BatchInfo(phase, batch, device, dtype, tp))[0]
-                        assert claims(reported, phase=phase, batch=batch, device=device, dtype=dtype, tp=tp) is want
-                        assert claims(scope, phase=phase, batch=batch, device=device, dtype=dtype, tp=tp) is want
-                        n_in += want
-    assert n_in == 4  # decode, batch 2 and 33, cpu, float32, TP 1 and 2
+    for phase in ("decode", "spec_verify", "prefill", "mixed"):
+        for requests in (1, 2, 33, 34, 64):
+            for q in (1, 8, 9):
+                for device in ("cpu", "cuda"):
+                    for dtype in ("float32", "bfloat16"):
+                        for tp in (1, 2, 4):
+                            step = dict(phase=phase, requests=requests, query_len=q, device=device, dtype=dtype, tp=tp)
+                            want = scope.covers(BatchInfo(phase, requests, q, requests, device, dtype, tp))[0]
+                            assert claims(reported, **step) is want
+                            assert claims(scope, **step) is want
+                            n_in += want
+    assert n_in == 16  # decode and spec_verify (covers checks the ranges; forward_context the phase), requests 2
+    # and 33, query length 1 and 8, cpu, float32, TP 1 and 2
 
 
 @pytest.mark.slow

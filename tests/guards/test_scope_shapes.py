@@ -71,9 +71,9 @@ def test_claims_and_the_dispatcher_agree_on_shapes():
         for tp in (1, 2):
             shapes = case_shapes(task, {"W": tp, "T": 4, "D": D})
             assert shapes == {"D": D}
-            want = route("allreduce_rmsnorm", scope, BatchInfo("decode", 4, "cpu", "bfloat16", tp, shapes))[0]
+            want = route("allreduce_rmsnorm", scope, BatchInfo("decode", 4, 1, 4, "cpu", "bfloat16", tp, shapes))[0]
             assert want == (D % 8 == 0 and D <= 7168)
-            assert claims(scope, phase="decode", batch=4, device="cpu", dtype="bfloat16", tp=tp, op="allreduce_rmsnorm",
+            assert claims(scope, phase="decode", requests=4, device="cpu", dtype="bfloat16", tp=tp, op="allreduce_rmsnorm",
                           shapes=shapes) is want
 
 

@@ -123,7 +123,7 @@ def test_the_op_goes_through_the_dispatcher():
     d = _inputs()
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         kda_decode(**d, out=torch.empty(3, 2, 3))
-    assert [(x.op, x.implementation, x.phase, x.batch_size) for x in tr.decisions] == \
+    assert [(x.op, x.implementation, x.phase, x.rows) for x in tr.decisions] == \
         [("kda_decode", "standard", "decode", 3)]
     assert "no latency-specialized kernel merged for kda_decode" in tr.decisions[0].reason
 
@@ -172,9 +172,9 @@ def test_layer_decode_steps_call_the_op_and_equal_the_token_loop_bit_for_bit():
     s1, s2 = KDAState.zeros(2, 3, 16, 4, "cpu"), KDAState.zeros(2, 3, 16, 4, "cpu")
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         stepped = _decode_steps(w, x, s1, 5, kw)
-    assert [(d.op, d.batch_size) for d in tr.decisions if d.op == "kda_decode"] == [("kda_decode", 2)] * 4
+    assert [(d.op, d.rows) for d in tr.decisions if d.op == "kda_decode"] == [("kda_decode", 2)] * 4
     # each step's five input projections (q/k/v/f_a/b) run the small_m_gemm op
-    assert [(d.op, d.batch_size) for d in tr.decisions if d.op != "kda_decode"] == [("small_m_gemm", 2)] * 20
+    assert [(d.op, d.rows) for d in tr.decisions if d.op != "kda_decode"] == [("small_m_gemm", 2)] * 20
     loop = torch.cat([_token_loop_forward(w, x[:, :5], s2, **kw)] +
                      [_token_loop_forward(w, x[:, t:t + 1].contiguous(), s2, **kw) for t in range(5, 9)], 1)
     assert torch.equal(stepped, loop) and torch.equal(s1.recurrent, s2.recurrent)

@@ -221,7 +221,7 @@ def test_split_kv_decode_equals_unsplit_attention_to_fp32_rounding():
     with dispatch.record_trace() as tr:
         split, cache = _decode_run(w, x, 64, kw)
     assert split_kv_pages(cache) == 5 >= SPLIT_KV_MIN_PAGES
-    assert [d.batch_size for d in tr.decisions if d.op == "lse_merge"] == [3] * 4
+    assert [d.rows for d in tr.decisions if d.op == "lse_merge"] == [3] * 4
     with dispatch.record_trace() as tr1:
         whole, cache1 = _decode_run(w, x, 4096, kw)
     assert split_kv_pages(cache1) == 0 and not [d for d in tr1.decisions if d.op == "lse_merge"]
@@ -236,7 +236,7 @@ def test_split_kv_merge_goes_through_the_dispatcher_op():
     mla_forward(w, x[:, :9], cache, absorbed=False, **kw)
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         mla_forward(w, x[:, 9:], cache, absorbed=True, **kw)
-    assert [(d.op, d.implementation, d.phase, d.batch_size) for d in tr.decisions if d.op == "lse_merge"] == \
+    assert [(d.op, d.implementation, d.phase, d.rows) for d in tr.decisions if d.op == "lse_merge"] == \
         [("lse_merge", "standard", "decode", 2)]
     # the decode step's input projections (q_a, q_b, kv_a) go through small_m_gemm
     assert [d.op for d in tr.decisions if d.op != "lse_merge"] == ["small_m_gemm"] * 3
@@ -305,5 +305,5 @@ def test_moe_goes_through_the_dispatcher_op():
     w, x = _moe(), torch.randn(4, 16, generator=_g(21))
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="prefill"):
         latent_moe(w, x, R, beta=4.0, linear_beta=25.0, eps=1e-5)
-    assert [(d.op, d.implementation, d.phase, d.batch_size) for d in tr.decisions] == \
+    assert [(d.op, d.implementation, d.phase, d.rows) for d in tr.decisions] == \
         [("moe_dispatch", "standard", "prefill", 4)]

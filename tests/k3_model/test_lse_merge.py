@@ -89,6 +89,6 @@ def test_the_op_is_dispatched_with_its_rows_as_batch_and_its_shape_axes():
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         _merge(torch.zeros(3, 5, 4, 8), torch.zeros(3, 5, 4))
         _merge(torch.zeros(17, 5, 4, 8), torch.zeros(17, 5, 4))  # N = 17: outside the judged shapes
-    assert [(d.op, d.batch_size) for d in tr.decisions] == [("lse_merge", 5)] * 2
+    assert [(d.op, d.rows) for d in tr.decisions] == [("lse_merge", 5)] * 2
     assert all(d.implementation == "standard" for d in tr.decisions)
     assert "N 17 above 16" in tr.decisions[1].reason or "no latency-specialized kernel" in tr.decisions[1].reason

@@ -94,7 +94,7 @@ def test_the_op_is_dispatched_with_its_rows_as_batch_and_its_shape_axes():
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         _gemm(torch.zeros(5, 8), torch.zeros(4, 8))
         _gemm(torch.zeros(3, 8000), torch.zeros(4, 8000))  # K = 8000: outside the judged shapes
-    assert [(d.op, d.batch_size) for d in tr.decisions] == [("small_m_gemm", 5), ("small_m_gemm", 3)]
+    assert [(d.op, d.rows) for d in tr.decisions] == [("small_m_gemm", 5), ("small_m_gemm", 3)]
     assert all(d.implementation == "standard" for d in tr.decisions)
     assert "K 8000 above 7168" in tr.decisions[1].reason or "no latency-specialized kernel" in tr.decisions[1].reason
 
@@ -106,4 +106,4 @@ def test_decode_projections_go_through_the_op_and_prefill_does_not():
             in_proj(torch.randn(2, 7, 256), w)
         with dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
             in_proj(torch.randn(3, 1, 256), w)
-    assert [(d.op, d.phase, d.batch_size) for d in tr.decisions] == [("small_m_gemm", "decode", 3)]
+    assert [(d.op, d.phase, d.rows) for d in tr.decisions] == [("small_m_gemm", "decode", 3)]

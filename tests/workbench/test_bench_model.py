@@ -379,7 +379,7 @@ def test_forward_groups_is_one_batch_of_separate_sequences(mini):
     for g, ref in zip(got, refs):
         torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-4)
     # the MoE op sees all 7 tokens at once; the KDA decode op the decoding group's 2 sequences
-    assert {(d.op, d.batch_size) for d in trace.decisions} == {("moe_dispatch", 7), ("kda_decode", 2), ("small_m_gemm", 2)}
+    assert {(d.op, d.rows) for d in trace.decisions} == {("moe_dispatch", 7), ("kda_decode", 2), ("small_m_gemm", 2)}
     assert {d.phase for d in trace.decisions} == {"mixed"}
 
 

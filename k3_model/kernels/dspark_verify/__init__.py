@@ -13,7 +13,8 @@ import torch
 
 from k3_model.dispatch import OpScope
 
-SCOPE = OpScope(devices=("cpu",), phases=("spec_verify",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1, requests_max=64, query_len_min=2, query_len_max=9)
+SCOPE = OpScope(devices=("cpu",), phases=("spec_verify",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1, requests_max=64,
+                query_len_min=2, query_len_max=9)
 _CANDIDATES = 1024
 
 

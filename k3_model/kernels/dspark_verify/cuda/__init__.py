@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from k3_model.dispatch import OpScope
 
-SCOPE = OpScope(devices=("cuda",), phases=("spec_verify",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1, requests_max=64, query_len_min=2, query_len_max=9)
+SCOPE = OpScope(devices=("cuda",), phases=("spec_verify",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1, requests_max=64,
+                query_len_min=2, query_len_max=9)
 
 
 def dspark_verify(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature, top_k, top_p,
