@@ -93,7 +93,7 @@ def test_scope_claims_beyond_the_task_fail_activation(project_repo, tmp_path):
     assert ctx.artifacts.cases is None
     v = ActivationGuard().check(ctx)
     assert v.status is Status.FAIL
-    assert "batch [1, 128] exceeds the task's [1, 64]" in v.summary
+    assert "requests [1, 128] exceeds the task's [1, 64]" in v.summary
 
 
 @pytest.mark.slow
