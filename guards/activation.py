@@ -325,10 +325,9 @@ class ActivationGuard:
         dtype = task.inputs[task.scope.dtype_input].dtype
         wrong, ran, expected_ls = [], 0, 0
         for case in ctx.artifacts.cases:
-            requests, query_len, rows = task.scope.step(case["axes"])
-            batch = case["axes"][task.scope.requests_axis]
-            phase = next((c.workload.phase for c in ctx.artifacts.case_objects if c.name == case["name"]),
-                         task.scope.phases[0])
+            wphase = next((c.workload.phase for c in ctx.artifacts.case_objects if c.name == case["name"]), None)
+            phase, requests, query_len, rows = task.scope.step(case["axes"], wphase)
+            batch = case["axes"][task.scope.batch_axis]
             expect = LS if claims(scope, phase=phase, requests=requests, query_len=query_len, rows=rows,
                                   device=ctx.device, dtype=dtype,
                                   tp=case.get("world_size", 1), op=task.op,
@@ -358,9 +357,9 @@ class ActivationGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(wrong)} configuration(s) ran the wrong implementation; first: {name} "
-                        f"({task.scope.requests_axis} = {batch}) expected {expect}, ran {seen}.",
+                        f"({task.scope.batch_axis} = {batch}) expected {expect}, ran {seen}.",
                 evidence=tuple(Evidence(name="wrong_implementation", value=f"expected {e}, ran {s}",
-                                        path=f"{n} {task.scope.requests_axis}={b}")
+                                        path=f"{n} {task.scope.batch_axis}={b}")
                                for n, b, e, s in wrong[:20]),
             )
         return Verdict(

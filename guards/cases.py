@@ -81,9 +81,9 @@ class Case:
         kwargs: scalar op arguments (params + axis_params).
         output_specs: name -> {shape, dtype, poison}.
         twin: the metamorphic pair (``None``: ``inputs_b`` is an independent draw).
-        requests, query_len: the step's requests and query tokens per request (counts; the task's
-            ``ScopeSpec.step``), given to ``k3_model.dispatch.forward_context`` in the child; ``None``:
-            the op's rows, query length 1.
+        phase, requests, query_len: the step (the task's ``ScopeSpec.step``: phase, and requests and query
+            tokens per request as counts), given to ``k3_model.dispatch.forward_context`` in the child;
+            ``None`` counts: the op's rows, query length 1.
     """
 
     workload: WorkloadSpec
@@ -95,6 +95,7 @@ class Case:
     world_size: int = 1
     per_rank: tuple[str, ...] = ()
     twin: Twin | None = None
+    phase: str = "decode"
     requests: int | None = None
     query_len: int | None = None
 
@@ -106,7 +107,7 @@ class Case:
         """The form the child of TP rank ``rank`` reads (per-rank inputs sliced to that rank's tensor)."""
         return {
             "name": self.name,
-            "phase": self.workload.phase,
+            "phase": self.phase,
             "requests": self.requests,
             "query_len": self.query_len,
             "kwargs": self.kwargs,
@@ -626,7 +627,7 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     applies to gets one as its metamorphic pair (``invariance``): among those that apply, the one
     given to the fewest draws so far (declared order on a tie), so the pairs alternate.
     Without a domain: a ``random_template`` workload with the batch axis redrawn uniformly in
-    ``[scope.requests_min, scope.requests_max]`` (no pairs).
+    ``ScopeSpec.batch_range`` (no pairs).
     """
     if task.domain is not None:
         dom = task.domain
@@ -642,7 +643,7 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
             if inv:
                 used[inv] += 1
             out.append(WorkloadSpec(name=f"{name}-{case_slug(case)}", axes=axes, params=params, case=case,
-                                    phase=task.scope.phases[0], invariance=inv, note=note))
+                                    phase=task.scope.step(axes)[0], invariance=inv, note=note))
         return out
     rng = random.Random(_derive_seed(seed, "random_workloads"))
     templates = [w for w in task.correctness.workloads if w.random_template]
@@ -650,7 +651,7 @@ def random_workloads(task: TaskSpec, seed: int) -> list[WorkloadSpec]:
     for i in range(task.correctness.random_draws):
         t = rng.choice(templates)
         axes = dict(t.axes)
-        axes[task.scope.requests_axis] = rng.randint(task.scope.requests_min, task.scope.requests_max)
+        axes[task.scope.batch_axis] = rng.randint(*task.scope.batch_range(axes))
         out.append(t.model_copy(update={"name": f"random-{i}-{t.name}", "axes": axes, "random_template": False}))
     return out
 
@@ -893,9 +894,9 @@ def build_case(task: TaskSpec, w: WorkloadSpec, seed: int) -> Case:
             break
         draws.append(draw_inputs(task, w, _derive_seed(seed, w.name, part, repr(sorted(w.axes.items())))))
     per_rank = tuple(k for k, spec in task.inputs.items() if spec.per_rank)
-    requests, query_len, _rows = task.scope.step(w.axes)
-    return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes),
-                world_size=task.world_size(w), per_rank=per_rank, twin=twin, requests=requests, query_len=query_len)
+    phase, requests, query_len, _rows = task.scope.step(w.axes, w.phase)
+    return Case(w, draws[0], draws[1], op_kwargs(task, w), output_specs(task, w.axes), world_size=task.world_size(w),
+                per_rank=per_rank, twin=twin, phase=phase, requests=requests, query_len=query_len)
 
 
 def perf_inputs(task: TaskSpec, w: WorkloadSpec, seed: int, j: int) -> dict[str, Any]:

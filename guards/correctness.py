@@ -487,7 +487,7 @@ class CorrectnessGuard:
             return Verdict(
                 guard=self.name, status=Status.FAIL,
                 summary=f"{len(failures)} of {n} configurations wrong; first: {case.name} "
-                        f"({task.scope.requests_axis}={case.workload.axes[task.scope.requests_axis]}"
+                        f"({task.scope.batch_axis}={case.workload.axes[task.scope.batch_axis]}"
                         f"{f', {case.world_size} ranks' if task.distributed else ''}): {_clip(mism[0], 400)}{shrunk}",
                 evidence=tuple(ev) + skipped_ev,
             )

@@ -212,12 +212,12 @@ class PerfGuard:
         cases, claimed_flags = [], {}
         self._order = {}
         for w in perf_workloads(task, ctx.seed, draws=self.random_draws,
-                                domain_draws_n=0 if self.random_draws == 0 else None):
+                                domain_draws_n=0 if self.random_draws == 0 else None, claimed=claimed):
             self._order[w.name] = len(self._order)
             c = build_case(task, w, ctx.seed)
             cases.append(c)
-            requests, query_len, rows = task.scope.step(w.axes)
-            claimed_flags[w.name] = claims(claimed, phase=w.phase, requests=requests, query_len=query_len, rows=rows,
+            phase, requests, query_len, rows = task.scope.step(w.axes, w.phase)
+            claimed_flags[w.name] = claims(claimed, phase=phase, requests=requests, query_len=query_len, rows=rows,
                                          device=ctx.device, dtype=dtype, tp=task.world_size(w), op=task.op,
                                          shapes=case_shapes(task, w.axes))
         with tempfile.TemporaryDirectory(prefix="wb-base-kernel-") as tmp:
@@ -912,12 +912,47 @@ def timed_overlays(task) -> tuple[str, ...]:
     return tuple(o for o, spec in dom.overlays.items() if spec.timed) if dom is not None else ()
 
 
-def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n: int | None = None) -> list:
+def draws_within_claim(task, claimed: dict | None):
+    """``task`` with its query-length axis (``ScopeSpec.query_axis``) narrowed to the query lengths
+    ``claimed`` (a declared scope, ``OpScope.to_dict`` form), and its rows axis to the rows those query
+    lengths (and ``rows_max``) allow, for the perf draws: a step the kernel does not claim runs the standard
+    path on both sides and tells nothing about the kernel's speed, so the draws are spent where it runs (a
+    decode-only kernel of a task that also judges verification steps is drawn on decode steps, as before
+    issue 21). ``task`` itself when nothing narrows.
+    """
+    qa = task.scope.query_axis
+    dom = task.domain
+    if qa is None or dom is None or not claimed:
+        return task
+    axis, off = qa
+    spec = dom.axes[axis]
+    if spec.choices is not None:
+        return task
+    lo = max(int(spec.min), int(claimed.get("query_len_min", 1)) - off)
+    hi = min(int(spec.max), int(claimed.get("query_len_max", 1)) - off)
+    rows_cap = claimed.get("rows_max")
+    if lo > hi or ((lo, hi) == (int(spec.min), int(spec.max)) and rows_cap is None):
+        return task
+    axes = {**dom.axes, axis: spec.model_copy(update={"min": lo, "max": hi, "realistic": tuple(
+        r for r in spec.realistic if lo <= r <= hi)})}
+    rows = task.scope.rows_axis
+    if rows is not None and dom.axes[rows].choices is None:  # the rows those query lengths can have
+        r = dom.axes[rows]
+        top = min(int(r.max), task.scope.requests_max * (hi + off), rows_cap or int(r.max))
+        axes[rows] = r.model_copy(update={"max": top, "realistic": tuple(v for v in r.realistic if v <= top)})
+    return task.model_copy(update={"domain": dom.model_copy(update={"axes": axes})})
+
+
+def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n: int | None = None,
+                   claimed: dict | None = None) -> list:
     """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
 
+    With ``claimed`` (the declared scope), both kinds of draw stay on the query lengths it claims
+    (:func:`draws_within_claim`); the batch draws copy the largest claimed listed workload.
+
     Each batch draw (default :data:`PERF_RANDOM_DRAWS`) copies the listed perf workload with the
-    most requests (its cost bounds the draw's) and redraws the requests axis uniformly in
-    ``[scope.requests_min, scope.requests_max]``, avoiding the listed request counts of that template when the
+    largest batch axis (its cost bounds the draw's) and redraws that axis uniformly in
+    ``ScopeSpec.batch_range`` of its other axes, avoiding the listed values of that axis when the
     scope has others; names are ``random-perf-<i>-<template>``. Each domain draw (default
     :data:`PERF_DOMAIN_DRAWS`; only for a task with a ``[domain]``) is a configuration of every axis,
     param, :func:`timed_regimes` regime and :func:`timed_overlays` overlay
@@ -930,11 +965,18 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     listed = [task.workload(n) for n in task.perf.workloads]
     if task.distributed is not None or not listed:
         return listed
-    ax = task.scope.requests_axis
-    tmpl = max(listed, key=lambda w: w.axes[ax])
+    task = draws_within_claim(task, claimed)
+    ax = task.scope.batch_axis
+    qa = task.scope.query_axis
+    in_claim = [w for w in listed if qa is None or not claimed
+                or (claimed.get("query_len_min", 1) <= task.scope.query_len(w.axes) <= claimed.get("query_len_max", 1)
+                    and task.scope.step(w.axes, w.phase)[3] <= (claimed.get("rows_max") or task.scope.step(w.axes)[3]))]
+    tmpl = max(in_claim or listed, key=lambda w: w.axes[ax])
     used = {w.axes[ax] for w in listed}
-    pool = [b for b in range(task.scope.requests_min, task.scope.requests_max + 1) if b not in used] or \
-        list(range(task.scope.requests_min, task.scope.requests_max + 1))
+    lo, hi = task.scope.batch_range(tmpl.axes)
+    if task.scope.rows_axis is not None and claimed and claimed.get("rows_max"):
+        hi = max(lo, min(hi, int(claimed["rows_max"])))
+    pool = [b for b in range(lo, hi + 1) if b not in used] or list(range(lo, hi + 1))
     rng = random.Random(_derive_seed(seed, "perf_random_workloads"))
     out = list(listed)
     n = PERF_RANDOM_DRAWS if draws is None else draws
@@ -1004,7 +1046,7 @@ def _low_quantile(xs: list[float]) -> float:
 
 def _served_spec(c) -> dict:
     """The serve-mode workload entry of a case: phase, op arguments, input and output specs."""
-    return {"name": c.name, "phase": c.workload.phase, "requests": c.requests, "query_len": c.query_len,
+    return {"name": c.name, "phase": c.phase, "requests": c.requests, "query_len": c.query_len,
             "kwargs": dict(c.kwargs),
             "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
                        for k, v in c.inputs_a.items()},

@@ -94,7 +94,7 @@ def collect(root: Path, task_id: str, *, device: str = "cuda", aa_trials: int = 
             def f() -> None:
                 if delay_us:
                     _spin_us(delay_us)
-                with forward_context(decode_backend="standard", phase=w.phase, requests=case.requests,
+                with forward_context(decode_backend="standard", phase=case.phase, requests=case.requests,
                                      query_len=case.query_len):
                     op(**inputs, **case.kwargs, **o)
             return f

@@ -80,8 +80,10 @@ OLD_BATCH_FIX = ("batch_min/batch_max counted token rows; declare requests_min/r
 _ITEM_FIELDS: dict[str, type] = {"devices": str, "phases": str, "tp_sizes": int, "dtypes": str}
 """OpScope's sequence fields and the exact type of their items."""
 _INT_FIELDS = ("requests_min", "requests_max", "query_len_min", "query_len_max")
+_OPTIONAL_INT_FIELDS = ("rows_max",)
 _EXAMPLES = {"devices": '("cpu",)', "phases": '("decode",)', "tp_sizes": "(1,)", "dtypes": '("float32",)',
-             "requests_min": "1", "requests_max": "64", "query_len_min": "1", "query_len_max": "8", "shapes": '{"D": {"multiple_of": 8}}'}
+             "requests_min": "1", "requests_max": "64", "query_len_min": "1", "query_len_max": "8", "rows_max": "128",
+             "shapes": '{"D": {"multiple_of": 8}}'}
 SHAPE_RULES = ("choices", "min", "max", "multiple_of")
 """The keys of one axis's shape rule, in the order they are checked and written."""
 
@@ -207,6 +209,10 @@ class OpScope:
         query_len_min, query_len_max: inclusive range of query tokens per request (count): 1 on decode,
             1 + D on a verification step with D draft tokens. Above 1 only with ``"spec_verify"`` in
             ``phases``, and ``"spec_verify"`` only with ``query_len_max`` >= 2.
+        rows_max: most token rows of one call (count), or ``None``: ``requests x query length`` bounds
+            them. For a kernel whose cost or workspace follows the rows, not the requests: e.g. requests
+            1-64 at query length 1-8 with ``rows_max=128`` runs every decode step and verification steps of
+            up to 16 requests at 7 drafts.
         shapes: optional per-axis shape rules, ``{axis: {"choices": (...), "min": n, "max": n,
             "multiple_of": n}}`` (any non-empty subset of the keys, plain ints >= 1); a call's axis value is
             inside when it meets every rule of its axis. Axis names are the op's shape axes (the task's
@@ -227,6 +233,7 @@ class OpScope:
     requests_max: int = 64
     query_len_min: int = 1
     query_len_max: int = 1
+    rows_max: int | None = None
     shapes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -237,6 +244,10 @@ class OpScope:
             if type(v) is not int:
                 raise ScopeError(f"OpScope field {field!r} must be exactly int; got {_type_name(v)}. "
                                  f"Write a plain literal, e.g. {field}={_EXAMPLES[field]}.")
+        if self.rows_max is not None and (type(self.rows_max) is not int or self.rows_max < 1):
+            raise ScopeError(f"OpScope field 'rows_max' must be None or an int >= 1; got "
+                             f"{self.rows_max if type(self.rows_max) is int else _type_name(self.rows_max)}. "
+                             f"Write a plain literal, e.g. rows_max={_EXAMPLES['rows_max']}.")
         unknown = [p for p in self.phases if p not in PHASES]
         if unknown:
             raise ScopeError(f"OpScope phases {unknown} are not step phases; expected some of {list(PHASES)}.")
@@ -271,6 +282,10 @@ class OpScope:
                 batch.rows <= batch.requests * batch.query_len,
                 f"{batch.rows} token rows exceed requests x query length = {batch.requests} x {batch.query_len}",
             ),
+            (
+                self.rows_max is None or batch.rows <= self.rows_max,
+                f"{batch.rows} token rows above rows_max {self.rows_max}",
+            ),
             (batch.device in self.devices, f"device {batch.device!r} not in {list(self.devices)}"),
             (batch.dtype in self.dtypes, f"dtype {batch.dtype!r} not in {list(self.dtypes)}"),
             (batch.tp_size in self.tp_sizes, f"TP size {batch.tp_size} not in {list(self.tp_sizes)}"),
@@ -294,10 +309,12 @@ class OpScope:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (tuples stay tuples; the fields are plain data by construction). ``shapes`` is
-        left out when empty (a scope without shape rules reads as it did before they existed)."""
+        left out when empty and ``rows_max`` when ``None`` (a scope without them reads as it did before)."""
         out = dataclasses.asdict(self)
         if not out["shapes"]:
             del out["shapes"]
+        if out["rows_max"] is None:
+            del out["rows_max"]
         return out
 
 

@@ -51,7 +51,7 @@ def batch_fits(task: Any, template: Any, batch: int) -> bool:
     bound the CI machine's correctness draws, do not apply to a benchmark."""
     if task.domain is None:
         return True
-    values = {**dict(template.axes), task.scope.requests_axis: int(batch), **dict(template.params)}
+    values = {**dict(template.axes), task.scope.batch_axis: int(batch), **dict(template.params)}
     return task.domain.satisfied(values, cost=False)
 
 
@@ -249,12 +249,12 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
     skipped = {}
     for T in args["batches"]:
         if not batch_fits(task, template, T):
-            skipped[int(T)] = (f"{task.scope.requests_axis} = {T} with {template.name}'s other sizes breaks the task's "
+            skipped[int(T)] = (f"{task.scope.batch_axis} = {T} with {template.name}'s other sizes breaks the task's "
                                f"[domain] constraints ({'; '.join(task.domain.constraints)})")
             print(f"T={T:3d} skipped: {skipped[int(T)]}", flush=True)
             continue
         axes = dict(template.axes)
-        axes[task.scope.requests_axis] = int(T)
+        axes[task.scope.batch_axis] = int(T)
         w = template.model_copy(update={"axes": axes, "name": f"bench-{T}"})
         case = build_case(task, w, seed=1234 + int(T))
         inputs = {k: v.cuda() for k, v in case.inputs_a.items()}
@@ -272,7 +272,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any]:
 
         def call(fn, backend, o):
             def f() -> None:
-                with forward_context(decode_backend=backend, phase=w.phase, requests=case.requests,
+                with forward_context(decode_backend=backend, phase=case.phase, requests=case.requests,
                                      query_len=case.query_len):
                     fn(**inputs, **case.kwargs, **o)
             return f

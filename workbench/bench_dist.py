@@ -144,7 +144,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
     rows = []
     for T in args["batches"]:
         axes = dict(template.axes)
-        axes[task.scope.requests_axis] = int(T)
+        axes[task.scope.batch_axis] = int(T)
         axes[task.distributed.world_size_axis] = world
         w = template.model_copy(update={"axes": axes, "name": f"bench-{world}-{T}"})
         case = build_case(task, w, seed=1234 + int(T))
@@ -158,7 +158,7 @@ def _measure(args: dict[str, Any]) -> dict[str, Any] | None:
             backend = "standard" if side == "standard" else "latency_specialized"
 
             def f() -> None:
-                with forward_context(decode_backend=backend, phase=w.phase, tp_size=world, requests=case.requests,
+                with forward_context(decode_backend=backend, phase=case.phase, tp_size=world, requests=case.requests,
                                      query_len=case.query_len):
                     op(**sides[side], **case.kwargs, **bufs[side])
             return f

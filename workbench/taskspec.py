@@ -351,12 +351,21 @@ class ScopeSpec(_Frozen):
         tp_sizes: tensor-parallel world sizes.
         dtypes: dtypes of ``dtype_input``.
         dtype_input: the input whose dtype is the op's dtype.
-        requests_axis: the axis that counts the step's requests. In every task today the op's main input
-            has one row per request of a case, so it is also the op's row count (moe_dispatch ``T``:
-            on a decode step each request is one token row).
+        requests_axis: the axis that counts the step's requests when the op's main input has one row per
+            request (dspark_verify ``B``; a decode-only task's row axis: on a decode step each request is
+            one token row). Exactly one of ``requests_axis`` and ``rows_axis``.
+        rows_axis: the axis of the op's token rows when a request brings 1 + D of them (moe_dispatch
+            ``T``); needs ``draft_axis`` or ``query_len_axis``. A case's requests are then
+            ``ceil(rows / query length)``: the fewest
+            requests whose query tokens hold the rows (ragged drafts give fewer rows than requests x
+            query length, as vLLM and K3-mini's speculative mode make them).
         requests_min, requests_max: inclusive range of requests (count).
-        draft_axis: the axis that counts draft tokens per request (D; query length 1 + D), or unset for
-            a task judged on decode steps only (query length 1).
+        draft_axis: the axis that counts draft tokens per request (D >= 1; query length 1 + D), or unset
+            for a task judged on decode steps only (query length 1).
+        query_len_axis: instead of ``draft_axis``, an axis whose value is the query length itself (axes are
+            sizes >= 1, so a task that mixes decode steps, query length 1, with verification steps names
+            this one: moe_dispatch ``Q``). With either, query length 1 is a decode step and above 1 a
+            verification step.
         query_len_min, query_len_max: inclusive range of query tokens per request (count).
 
     Raises:
@@ -370,10 +379,12 @@ class ScopeSpec(_Frozen):
     tp_sizes: tuple[int, ...] = (1,)
     dtypes: tuple[Literal["float32", "float16", "bfloat16"], ...]
     dtype_input: str
-    requests_axis: str
+    requests_axis: str | None = None
+    rows_axis: str | None = None
     requests_min: int = Field(ge=1)
     requests_max: int = Field(ge=1)
     draft_axis: str | None = None
+    query_len_axis: str | None = None
     query_len_min: int = Field(default=1, ge=1)
     query_len_max: int = Field(default=1, ge=1)
 
@@ -391,29 +402,79 @@ class ScopeSpec(_Frozen):
 
     @model_validator(mode="after")
     def _range(self) -> ScopeSpec:
+        if (self.requests_axis is None) == (self.rows_axis is None):
+            raise ValueError("declare exactly one of requests_axis (one row per request) and rows_axis (1 + D rows per "
+                             f"request, with draft_axis); got requests_axis={self.requests_axis!r}, "
+                             f"rows_axis={self.rows_axis!r}")
+        if self.draft_axis is not None and self.query_len_axis is not None:
+            raise ValueError(f"declare draft_axis ({self.draft_axis!r}, query length 1 + D) or query_len_axis "
+                             f"({self.query_len_axis!r}, the query length itself), not both")
+        if self.rows_axis is not None and self.query_axis is None:
+            raise ValueError(f"rows_axis {self.rows_axis!r} needs a draft_axis or query_len_axis (a request brings 1 + D "
+                             "rows)")
         if self.requests_max < self.requests_min:
             raise ValueError(f"requests_max ({self.requests_max}) is below requests_min ({self.requests_min})")
         if self.query_len_max < self.query_len_min:
             raise ValueError(f"query_len_max ({self.query_len_max}) is below query_len_min ({self.query_len_min})")
-        if self.draft_axis is None and self.query_len_max > 1:
-            raise ValueError(f"query_len_max {self.query_len_max} needs a draft_axis (the axis of D, query length 1 + D)")
+        if self.query_axis is None and self.query_len_max > 1:
+            raise ValueError(f"query_len_max {self.query_len_max} needs a draft_axis (the axis of D, query length 1 + D) "
+                             "or a query_len_axis")
         if (self.query_len_max > 1) != ("spec_verify" in self.phases):
             raise ValueError(f"phases {list(self.phases)} and query length [{self.query_len_min}, {self.query_len_max}] "
                              "disagree: list \"spec_verify\" exactly when query_len_max is above 1")
-        if "decode" in self.phases and self.query_len_min > 1:
-            raise ValueError(f"phases list \"decode\" (query length 1) but query_len_min is {self.query_len_min}")
+        if ("decode" in self.phases) != (self.query_len_min == 1):
+            raise ValueError(f"phases {list(self.phases)} and query_len_min {self.query_len_min} disagree: list \"decode\" "
+                             "exactly when query_len_min is 1 (a decode step has one query token per request)")
         return self
 
-    def step(self, axes: Mapping[str, int]) -> tuple[int, int, int]:
-        """(requests, query length, token rows) of a case with these axis values: the counts the guards'
+    @property
+    def query_axis(self) -> tuple[str, int] | None:
+        """(the axis that gives the query length, what to add to its value): ``(draft_axis, 1)``,
+        ``(query_len_axis, 0)``, or ``None`` for a decode-only task."""
+        if self.draft_axis is not None:
+            return self.draft_axis, 1
+        if self.query_len_axis is not None:
+            return self.query_len_axis, 0
+        return None
+
+    def query_len(self, axes: Mapping[str, int]) -> int:
+        """Query tokens per request of a case with these axis values (count)."""
+        qa = self.query_axis
+        return 1 if qa is None else int(axes[qa[0]]) + qa[1]
+
+    @property
+    def batch_axis(self) -> str:
+        """The axis a batch sweep or a redraw of the batch changes: ``requests_axis`` or ``rows_axis``."""
+        return self.requests_axis or self.rows_axis  # type: ignore[return-value]
+
+    def batch_range(self, axes: Mapping[str, int]) -> tuple[int, int]:
+        """Inclusive range of :attr:`batch_axis` whose steps stay in scope with the other ``axes`` kept:
+        ``[requests_min, requests_max]``, or for a rows axis ``[1, requests_max x (1 + D)]``."""
+        if self.requests_axis is not None:
+            return self.requests_min, self.requests_max
+        return 1, self.requests_max * self.query_len(axes)
+
+    def step(self, axes: Mapping[str, int], phase: str | None = None) -> tuple[str, int, int, int]:
+        """(phase, requests, query length, token rows) of a case with these axis values: what the guards'
         child gives ``k3_model.dispatch.forward_context`` and the activation guard checks claims with.
 
+        Args:
+            axes: the case's axis values (every axis of the task).
+            phase: the workload's phase; used when the task has no draft axis. With one the phase
+                follows the query length: ``decode`` at 1, ``spec_verify`` above.
+
         Raises:
-            KeyError: ``axes`` lacks the requests or draft axis (a workload names every axis by construction).
+            KeyError: ``axes`` lacks the requests, rows or draft axis (a workload names every axis).
         """
-        requests = int(axes[self.requests_axis])
-        query_len = 1 + int(axes[self.draft_axis]) if self.draft_axis is not None else 1
-        return requests, query_len, requests
+        query_len = self.query_len(axes)
+        if self.requests_axis is not None:
+            requests = rows = int(axes[self.requests_axis])
+        else:
+            rows = int(axes[self.rows_axis])  # type: ignore[index]
+            requests = -(-rows // query_len)
+        if self.query_axis is not None:
+            phase = "spec_verify" if query_len > 1 else "decode"
+        return phase or self.phases[0], requests, query_len, rows
 
     def claim_dict(self) -> dict[str, Any]:
         """The task's scope as the judged limits a kernel's ``SCOPE`` is held to (plain lists and ints: the
@@ -938,7 +999,8 @@ class TaskSpec(_Frozen):
     @classmethod
     def _default_phase(cls, data: Any) -> Any:
         """A workload that names no phase runs in the first of the scope's phases (``spec_verify`` for a task
-        judged on verification steps only)."""
+        judged on verification steps only); in a task with a query-length axis, in the phase its query length
+        makes (``decode`` at 1, ``spec_verify`` above)."""
         if not isinstance(data, dict):
             return data
         scope, corr = data.get("scope"), data.get("correctness")
@@ -948,7 +1010,14 @@ class TaskSpec(_Frozen):
         wls = corr.get("workloads")
         if not isinstance(wls, list):
             return data
-        filled = [({**w, "phase": phases[0]} if isinstance(w, dict) and "phase" not in w else w) for w in wls]
+        qa = [(scope.get(k), off) for k, off in (("draft_axis", 1), ("query_len_axis", 0)) if scope.get(k)]
+
+        def phase_of(w: dict) -> Any:
+            axes = w.get("axes")
+            if qa and isinstance(axes, dict) and isinstance(axes.get(qa[0][0]), int):
+                return "spec_verify" if axes[qa[0][0]] + qa[0][1] > 1 else "decode"
+            return phases[0]
+        filled = [({**w, "phase": phase_of(w)} if isinstance(w, dict) and "phase" not in w else w) for w in wls]
         return {**data, "correctness": {**corr, "workloads": filled}}
 
     @model_validator(mode="after")
@@ -1000,14 +1069,24 @@ class TaskSpec(_Frozen):
                 raise ValueError(f"allowed_paths entry {pattern!r} must be relative and stay inside the tree")
             if not pattern.startswith("k3_model/"):
                 raise ValueError(f"allowed_paths entry {pattern!r} must lie under k3_model/")
-        for field in ("requests_axis", "draft_axis"):
+        for field in ("requests_axis", "rows_axis", "draft_axis", "query_len_axis"):
             ax = getattr(self.scope, field)
             if ax is not None and ax not in axes:
                 raise ValueError(f"scope.{field} {ax!r} is not in [axes]")
-        for w in (*self.correctness.workloads,):
+        for w in self.correctness.workloads:
             if w.phase not in self.scope.phases:
                 raise ValueError(f"correctness workload {w.name!r} has phase {w.phase!r}, not in scope.phases "
                                  f"{list(self.scope.phases)}; set its phase = ... to one of them")
+            if set(w.axes) >= {a for a in (self.scope.batch_axis, self.scope.draft_axis, self.scope.query_len_axis) if a}:
+                ph, req, q, _rows = self.scope.step(w.axes, w.phase)
+                if ph != w.phase:
+                    raise ValueError(f"correctness workload {w.name!r} has phase {w.phase!r} but query length {q} makes it "
+                                     f"a {ph!r} step; drop its phase (it follows the query length) or fix it")
+                if not (self.scope.requests_min <= req <= self.scope.requests_max
+                        and self.scope.query_len_min <= q <= self.scope.query_len_max):
+                    raise ValueError(f"correctness workload {w.name!r} is a step of {req} requests at query length {q}, "
+                                     f"outside the scope's requests [{self.scope.requests_min}, {self.scope.requests_max}] "
+                                     f"and query length [{self.scope.query_len_min}, {self.scope.query_len_max}]")
         if self.scope.dtype_input not in self.inputs:
             raise ValueError(f"scope.dtype_input {self.scope.dtype_input!r} is not an input")
         names = [w.name for w in self.correctness.workloads]
@@ -1080,7 +1159,9 @@ class TaskSpec(_Frozen):
                                      f"declared param (known: {', '.join(sorted(known))})")
         sc = self.scope
         for ax, off, lo_s, hi_s, what in ((sc.requests_axis, 0, sc.requests_min, sc.requests_max, "requests"),
-                                          (sc.draft_axis, 1, sc.query_len_min, sc.query_len_max, "query length")):
+                                          (sc.rows_axis, 0, 1, sc.requests_max * sc.query_len_max, "token rows"),
+                                          (sc.draft_axis, 1, sc.query_len_min, sc.query_len_max, "query length"),
+                                          (sc.query_len_axis, 0, sc.query_len_min, sc.query_len_max, "query length")):
             if ax is None:
                 continue
             b = dom.axes[ax]

@@ -120,7 +120,8 @@ def test_activation_logs_every_dispatch_decision_for_verbose_runs(project_repo, 
         assert ActivationGuard().check(ctx).status is Status.PASS
     lines = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records}
     assert "dispatch moe_dispatch -> latency_specialized (in scope" in lines["k3_t8"]
-    assert "dispatch moe_dispatch -> standard (out of declared scope: batch 16 outside [1, 8]; batch 16" in lines["k3_t16"]
+    assert ("dispatch moe_dispatch -> standard (out of declared scope: requests 16 outside [1, 8]; 16 rows, 16 requests, "
+            "query length 1, phase decode)") in lines["k3_t16"]
     assert len({r.getMessage().split(":")[0] for r in caplog.records}) == len(ctx.artifacts.cases)
 
 
@@ -129,7 +130,7 @@ def test_scope_excess_lists_every_excess():
     out = scope_excess({"devices": ["cpu", "tpu"], "phases": ["decode", "prefill"], "tp_sizes": [1, 8],
                         "dtypes": ["float32"], "requests_min": 1, "requests_max": 64}, task.scope)
     assert out == ["devices ['tpu'] not in the task's ['cpu', 'cuda']",
-                   "phases ['prefill'] not in the task's ['decode']", "tp_sizes [8] not in the task's [1]"]
+                   "phases ['prefill'] not in the task's ['decode', 'spec_verify']", "tp_sizes [8] not in the task's [1]"]
 
 
 def _plain_ctx() -> GuardContext:
@@ -407,7 +408,8 @@ def test_activation_lying_scope_is_refused_by_the_child_dispatcher(project_repo,
     """A phases tuple that lists decode but contains prefill never reaches the activation check: the
     dispatcher refuses it when the kernel is imported, and correctness reports the ScopeError."""
     src = (project_repo / GOOD).read_text()
-    src = src.replace('phases=("decode",)', 'phases=_Phases(("decode",))').replace("\nSCOPE = ", LYING_PHASES + "\nSCOPE = ")
+    src = src.replace('phases=("decode", "spec_verify")', 'phases=_Phases(("decode", "spec_verify"))')
+    src = src.replace("\nSCOPE = ", LYING_PHASES + "\nSCOPE = ")
     ctx = _candidate(project_repo, tmp_path, src, "lying-phases")
     v = CorrectnessGuard().check(ctx)
     assert v.status is Status.FAIL

@@ -16,6 +16,9 @@ from tests.conftest import REPO_ROOT
 from workbench.taskspec import load_task
 
 SEEDS = range(20)
+LEAN_CLAIM = {"devices": ["cpu"], "phases": ["decode", "spec_verify"], "requests_min": 1, "requests_max": 64,
+              "query_len_min": 1, "query_len_max": 8, "rows_max": 128}
+"""The scope the moe_dispatch fixtures built on lean-torch-cpu declare: the perf draws follow the claim."""
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +29,13 @@ def moe():
 @pytest.mark.slow
 def test_listed_workloads_come_first_and_draws_redraw_the_batch_inside_the_scope(moe):
     for seed in SEEDS:
-        ws = perf_workloads(moe, seed)
+        ws = perf_workloads(moe, seed, claimed=LEAN_CLAIM)
         assert [w.name for w in ws[:len(moe.perf.workloads)]] == list(moe.perf.workloads)
         drawn = [w for w in ws[len(moe.perf.workloads):] if not w.name.startswith("random-perf-domain-")]
         assert len(drawn) == PERF_RANDOM_DRAWS and all(w.name.startswith("random-perf-") for w in drawn)
         listed_t = {moe.workload(n).axes["T"] for n in moe.perf.workloads}
-        assert all(moe.scope.requests_min <= w.axes["T"] <= moe.scope.requests_max and w.axes["T"] not in listed_t
-                   for w in drawn)
+        # the largest claimed listed workload is a decode step of 64 rows: the batch draws are decode steps
+        assert all(1 <= w.axes["T"] <= 64 and w.axes["Q"] == 1 and w.axes["T"] not in listed_t for w in drawn)
 
 
 def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload_times(moe):
@@ -44,15 +47,18 @@ def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload
     listed_e = {w.axes["E"] for w in listed}
     per_seed_missing = []
     for seed in SEEDS:
-        ws = perf_workloads(moe, seed)
+        ws = perf_workloads(moe, seed, claimed=LEAN_CLAIM)
         drawn = [w for w in ws if w.name.startswith("random-perf-domain-")]
         assert len(drawn) == PERF_DOMAIN_DRAWS
+        assert all(w.axes["T"] <= LEAN_CLAIM["rows_max"] for w in drawn)  # the claim's rows: timed where it runs
         assert all(moe.domain.satisfied({**w.axes, **w.params}) for w in drawn)
         assert {w.axes["B"] for w in ws} == {16, 32, 64, 128} and {w.axes["G"] for w in ws} == {1, 2, 4, 8}, seed
         assert len({w.axes["E"] for w in drawn} - listed_e) >= PERF_DOMAIN_DRAWS - 2, seed
         per_seed_missing.append(set(moe.domain.axes["E"].choices) - {w.axes["E"] for w in ws})
-    # over the seeds every expert count is timed in most runs (measured: at most one left out per run)
-    assert all(len(m) <= 1 for m in per_seed_missing), per_seed_missing
+    # over the seeds every expert count is timed in most runs. Measured over seeds 0-99 with this claim (session
+    # 22, verification steps a drawn dimension since issue 21): at most two left out per run, E = 384 in 7 runs
+    assert all(len(m) <= 2 for m in per_seed_missing), per_seed_missing
+    assert sum(384 in m for m in per_seed_missing) <= 2, per_seed_missing
 
 
 @pytest.mark.slow
@@ -62,7 +68,7 @@ def test_perf_domain_draws_time_steps_with_padding_rows_in_every_run(moe):
     assert timed_regimes(moe) == ("realistic",)
     assert timed_overlays(moe) == ("padding_rows",)
     for seed in SEEDS:
-        cases = [w.case.split(":")[0] for w in perf_workloads(moe, seed)]  # padding_rows:<how many rows>
+        cases = [w.case.split(":")[0] for w in perf_workloads(moe, seed, claimed=LEAN_CLAIM)]  # padding_rows:<rows>
         assert "realistic+padding_rows" in cases, seed
         assert set(cases) <= {"realistic", "realistic+padding_rows"}  # edge regimes (ties, denormals) never timed
 

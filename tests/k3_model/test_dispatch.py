@@ -262,7 +262,8 @@ def test_dict_literal_scope_is_accepted_and_is_what_the_dispatcher_uses(monkeypa
      "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): OpScope field 'requests_max' must be exactly int"),
     ({"devices": ("cpu",), "batch_limit": 64},
      "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE has key(s) that are not OpScope fields "
-     "(batch_limit); expected keys among devices, phases, tp_sizes, dtypes, requests_min, requests_max, query_len_min, query_len_max, shapes."),
+     "(batch_limit); expected keys among devices, phases, tp_sizes, dtypes, requests_min, requests_max, query_len_min, "
+     "query_len_max, rows_max, shapes."),
     ({"phases": ("decode",)}, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE lacks 'devices'"),
     (None, "k3_model.kernels.moe_dispatch (k3_model/kernels/moe_dispatch/): SCOPE must be a k3_model.dispatch.OpScope "
            "or a plain dict declaring where the kernel runs; no SCOPE is defined."),

@@ -32,7 +32,7 @@ def test_each_ops_shape_domain_mirrors_its_tasks_domain_axes(task_id):
     world = task.distributed.world_size_axis if task.distributed else None
     want = {}
     for axis, spec in task.domain.axes.items():
-        if axis in (task.scope.requests_axis, world):
+        if axis in (task.scope.batch_axis, task.scope.query_len_axis, world):  # the step axes and the TP size
             continue
         want[axis] = {"choices": tuple(spec.choices)} if spec.choices is not None else {"min": spec.min, "max": spec.max}
     assert mod.SHAPE_DOMAIN == want

@@ -144,33 +144,89 @@ def test_vllm_step_classification_names_verification_steps(qlens, ctx, spec_rows
 
 
 def test_task_scopes_are_in_requests_and_query_length():
-    moe, dspark = load_task(ROOT, "k3_moe_dispatch"), load_task(ROOT, "k3_dspark_verify")
-    assert (moe.scope.requests_axis, moe.scope.draft_axis, moe.scope.phases) == ("T", None, ("decode",))
-    assert moe.scope.step({"T": 9, "E": 384, "K": 8, "G": 1, "TG": 1, "B": 16}) == (9, 1, 9)
-    assert (dspark.scope.requests_axis, dspark.scope.draft_axis, dspark.scope.phases) == ("B", "D", ("spec_verify",))
-    assert dspark.scope.step({"B": 3, "D": 7, "V": 100, "Q": 1}) == (3, 8, 3)
+    moe, dspark, gemm = (load_task(ROOT, t) for t in ("k3_moe_dispatch", "k3_dspark_verify", "k3_small_m_gemm"))
+    assert (gemm.scope.requests_axis, gemm.scope.query_axis, gemm.scope.phases) == ("M", None, ("decode",))
+    assert gemm.scope.step({"M": 9, "N": 64, "K": 64}, "decode") == ("decode", 9, 1, 9)
+    assert (moe.scope.rows_axis, moe.scope.query_axis, moe.scope.phases) == ("T", ("Q", 0), ("decode", "spec_verify"))
+    assert (dspark.scope.requests_axis, dspark.scope.query_axis, dspark.scope.phases) == ("B", ("D", 1), ("spec_verify",))
+    assert dspark.scope.step({"B": 3, "D": 7, "V": 100, "Q": 1}) == ("spec_verify", 3, 8, 3)
     assert {w.phase for w in dspark.correctness.workloads} == {"spec_verify"}  # the scope's first phase by default
 
 
-def test_task_with_old_row_fields_is_refused_with_the_replacements(tmp_path):
-    src = (ROOT / "tasks/k3_moe_dispatch/task.toml").read_text()
-    bad = src.replace('requests_axis = "T"\nrequests_min = 1\nrequests_max = 64\n',
-                      'batch_axis = "T"\nbatch_min = 1\nbatch_max = 64\n')
-    assert bad != src
-    p = tmp_path / "k3_moe_dispatch" / "task.toml"
+@pytest.mark.parametrize("name, step", [
+    ("k3_t64", ("decode", 64, 1, 64)),
+    ("k3_r1_d7", ("spec_verify", 1, 8, 8)),  # the seed's headline: batch 1 with 7 drafts
+    ("k3_r16_d7", ("spec_verify", 16, 8, 128)),
+    ("k3_r64_d7", ("spec_verify", 64, 8, 512)),
+    ("k3_t13_d7_ragged", ("spec_verify", 2, 8, 13)),  # ragged: the fewest requests that hold 13 rows
+])
+def test_moe_workloads_are_decode_and_verification_steps(name, step):
+    moe = load_task(ROOT, "k3_moe_dispatch")
+    w = moe.workload(name)
+    assert moe.scope.step(w.axes, w.phase) == step and w.phase == step[0]
+
+
+def test_moe_correctness_draws_cover_decode_and_verification_steps():
+    from guards.cases import random_workloads
+
+    moe = load_task(ROOT, "k3_moe_dispatch")
+    steps = [moe.scope.step(w.axes, w.phase) for w in random_workloads(moe, 5)]
+    assert {p for p, *_ in steps} == {"decode", "spec_verify"}
+    assert all(1 <= r <= 64 and 1 <= q <= 8 and rows <= r * q for _p, r, q, rows in steps)
+    assert any(rows > 64 for *_x, rows in steps)  # rows past any decode step's
+
+
+def test_perf_draws_stay_on_the_query_lengths_a_kernel_claims():
+    from guards.perf import perf_workloads
+
+    moe = load_task(ROOT, "k3_moe_dispatch")
+    decode_only = {"query_len_min": 1, "query_len_max": 1}
+    verify = {"query_len_min": 1, "query_len_max": 8}
+    for seed in (1, 2, 3):
+        drawn = perf_workloads(moe, seed, claimed=decode_only)[len(moe.perf.workloads):]
+        assert drawn and all(w.axes["Q"] == 1 and w.axes["T"] <= 64 and w.phase == "decode" for w in drawn), \
+            [(w.name, w.axes) for w in drawn]
+    wide = [w for seed in (1, 2, 3) for w in perf_workloads(moe, seed, claimed=verify)[len(moe.perf.workloads):]]
+    assert any(w.axes["Q"] > 1 for w in wide) and all(w.axes["T"] <= 64 * w.axes["Q"] for w in wide)
+
+
+def _task_file(tmp_path, task_id: str, src: str) -> Path:
+    p = tmp_path / task_id / "task.toml"
     p.parent.mkdir()
-    p.write_text(bad)
+    p.write_text(src)
+    return p
+
+
+def test_task_with_old_row_fields_is_refused_with_the_replacements(tmp_path):
+    src = (ROOT / "tasks/k3_small_m_gemm/task.toml").read_text()
+    bad = src.replace('requests_axis = "M"\nrequests_min = 1\nrequests_max = 64\n',
+                      'batch_axis = "M"\nbatch_min = 1\nbatch_max = 64\n')
+    assert bad != src
     with pytest.raises(TaskSpecError) as info:
-        load_task_file(p)
+        load_task_file(_task_file(tmp_path, "k3_small_m_gemm", bad))
     msg = str(info.value)
     assert "batch_axis, batch_min, batch_max, the token-row fields of before issue 21" in msg, msg
     assert "requests_axis, requests_min, requests_max" in msg and "draft_axis, query_len_min, query_len_max" in msg
 
 
-def test_task_query_length_needs_a_draft_axis_and_spec_verify(tmp_path):
-    src = (ROOT / "tasks/k3_moe_dispatch/task.toml").read_text()
-    p = tmp_path / "k3_moe_dispatch" / "task.toml"
-    p.parent.mkdir()
-    p.write_text(src.replace("requests_max = 64\n", "requests_max = 64\nquery_len_max = 8\n"))
-    with pytest.raises(TaskSpecError, match="query_len_max 8 needs a draft_axis"):
-        load_task_file(p)
+@pytest.mark.parametrize("task_id, old, new, msg", [
+    ("k3_small_m_gemm", "requests_max = 64\n", "requests_max = 64\nquery_len_max = 8\n",
+     "query_len_max 8 needs a draft_axis"),
+    ("k3_moe_dispatch", 'query_len_axis = "Q"\n', "", "rows_axis 'T' needs a draft_axis or query_len_axis"),
+    ("k3_moe_dispatch", 'rows_axis = "T"\n', 'rows_axis = "T"\nrequests_axis = "T"\n',
+     "declare exactly one of requests_axis"),
+    ("k3_moe_dispatch", 'query_len_axis = "Q"\n', 'query_len_axis = "Q"\ndraft_axis = "Q"\n',
+     "declare draft_axis ('Q', query length 1 + D) or query_len_axis ('Q', the query length itself), not both"),
+    ("k3_moe_dispatch", 'name = "k3_r64_d7"\naxes = { T = 512,', 'name = "k3_r64_d7"\naxes = { T = 520,',
+     "correctness workload 'k3_r64_d7' is a step of 65 requests at query length 8"),
+    ("k3_moe_dispatch", 'name = "k3_r1_d7"\n', 'name = "k3_r1_d7"\nphase = "decode"\n',
+     "correctness workload 'k3_r1_d7' has phase 'decode' but query length 8 makes it a 'spec_verify' step"),
+    ("k3_moe_dispatch", 'phases = ["decode", "spec_verify"]', 'phases = ["spec_verify"]',
+     "list \"decode\" exactly when query_len_min is 1"),
+])
+def test_task_step_fields_must_agree(tmp_path, task_id, old, new, msg):
+    src = (ROOT / f"tasks/{task_id}/task.toml").read_text()
+    assert old in src
+    with pytest.raises(TaskSpecError) as info:
+        load_task_file(_task_file(tmp_path, task_id, src.replace(old, new, 1)))
+    assert msg in str(info.value), str(info.value)

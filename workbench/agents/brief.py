@@ -72,18 +72,25 @@ def rules_text(agents_md: str, *, distributed: bool) -> str:
 
 
 def _query(s) -> str:
-    """The query-length part of a scope line: empty for a decode-only task."""
-    if s.draft_axis is None:
-        return ", query length 1 (decode steps)"
-    return (f", query length 1 + `{s.draft_axis}` in [{s.query_len_min}, {s.query_len_max}] (verification steps with "
-            f"`{s.draft_axis}` draft tokens)")
+    """The requests and query-length part of a scope line."""
+    qa = s.query_axis
+    q = "1" if qa is None else (f"1 + `{qa[0]}`" if qa[1] else f"`{qa[0]}`")
+    if s.rows_axis is not None:
+        req = (f"token rows `{s.rows_axis}` of requests in [{s.requests_min}, {s.requests_max}] with query length {q} "
+               f"each (requests = ceil(`{s.rows_axis}` / query length))")
+    else:
+        req = f"requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}]"
+    if qa is None:
+        return req + ", query length 1 (decode steps)"
+    steps = "decode steps at 1, verification steps above" if "decode" in s.phases else "verification steps"
+    return req + f", query length {q} in [{s.query_len_min}, {s.query_len_max}] ({steps})"
 
 
 def _scope_lines(task: TaskSpec, device: str) -> list[str]:
     s = task.scope
     tp = f", TP sizes {list(s.tp_sizes)}" if task.distributed is not None else ""
     lines = [f"- Task scope: devices {list(s.devices)}, phases {list(s.phases)}{tp}, dtypes {list(s.dtypes)} (of input "
-             f"`{s.dtype_input}`), requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}]{_query(s)}. "
+             f"`{s.dtype_input}`), {_query(s)}. "
              f"The guards run on **{device}**."]
     claim = [f"devices: only `{device}` (the device this run judges)", f"phases within {list(s.phases)}",
              f"dtypes within {list(s.dtypes)}", f"requests_min/requests_max within [{s.requests_min}, {s.requests_max}]",
@@ -134,8 +141,8 @@ def _timing_lines(task: TaskSpec, device: str) -> list[str]:
                         "A result here is \"correct, perf not judged\"; it never counts as a speedup.", ""]
     s = task.scope
     drawn = "" if task.distributed is not None else (
-        f", plus {P.PERF_RANDOM_DRAWS} request counts `{s.requests_axis}` drawn at judging time in [{s.requests_min}, "
-        f"{s.requests_max}]" + (f" and {P.PERF_DOMAIN_DRAWS} configurations drawn over the task's whole domain (every "
+        f", plus {P.PERF_RANDOM_DRAWS} values of `{s.batch_axis}` drawn at judging time in the scope's range"
+        + (f" and {P.PERF_DOMAIN_DRAWS} configurations drawn over the task's whole domain (every "
                             f"axis and param; regimes {', '.join(P.timed_regimes(task))})" if task.domain else "")
         + " (timed where `SCOPE` claims them; judged for regressions only)")
     lines += [f"Timed workloads: {', '.join(f'`{n}`' for n in pf.workloads)}{drawn}. Required: no configuration "

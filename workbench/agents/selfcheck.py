@@ -77,7 +77,7 @@ def public_task(task: TaskSpec, *, perf_warmup: int = QUICK_PERF_WARMUP,
         timed = tuple(n for n in perf.workloads if n in names) or (
             min(perf.workloads, key=lambda n: input_bytes(task, task.workload(n))),)
         if len(timed) > QUICK_PERF_WORKLOADS:  # the smallest and the largest batch
-            by_batch = sorted(timed, key=lambda n: (task.workload(n).axes.get(task.scope.requests_axis, 0),
+            by_batch = sorted(timed, key=lambda n: (task.workload(n).axes.get(task.scope.batch_axis, 0),
                                                     input_bytes(task, task.workload(n))))
             timed = tuple(n for n in perf.workloads if n in (by_batch[0], by_batch[-1]))
         if not set(timed) <= names:

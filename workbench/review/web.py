@@ -161,7 +161,7 @@ def create_app(store: ReviewStore, repo_root: Path, *, reviewer: str | None = No
         try:
             from workbench.taskspec import load_task
 
-            batch_axis = load_task(root, item.task_id).scope.requests_axis
+            batch_axis = load_task(root, item.task_id).scope.batch_axis
         except WorkbenchError:
             pass
         return Response(speedup_vs_batch_png(result, batch_axis), media_type="image/png",

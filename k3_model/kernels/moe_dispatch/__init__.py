@@ -12,7 +12,11 @@ import torch
 
 from k3_model.dispatch import OpScope
 
-SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("float32",), requests_min=1, requests_max=64)
+SCOPE = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), tp_sizes=(1,), dtypes=("float32",), requests_min=1,
+                requests_max=64, query_len_min=1, query_len_max=8, rows_max=128)
+"""Decode steps of 1-64 requests and verification steps of up to 16 requests at 7 drafts (128 rows): past 128
+rows this kernel gains nothing over the standard path on CPU (K3 sizes, E = 896: 1.17x at 128 rows, 0.98x at
+512; bench/results/cpu/moe_lean_verification_session22.md)."""
 
 
 def moe_route_dispatch(router_logits, e_score_correction_bias, token_valid, *, top_k, n_group, topk_group,
