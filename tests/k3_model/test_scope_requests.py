@@ -230,3 +230,33 @@ def test_task_step_fields_must_agree(tmp_path, task_id, old, new, msg):
     with pytest.raises(TaskSpecError) as info:
         load_task_file(_task_file(tmp_path, task_id, src.replace(old, new, 1)))
     assert msg in str(info.value), str(info.value)
+
+
+def test_rows_max_bounds_the_rows_of_a_call_and_is_plain_data(monkeypatch):
+    """``rows_max``: a kernel whose gain or workspace follows the rows claims every decode step and the
+    verification steps up to its rows (the moe lean kernel: 128 rows, 16 requests at 7 drafts)."""
+    scope = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), query_len_max=8, rows_max=128)
+    calls = _install(monkeypatch, scope)
+    with record_trace() as tr:
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=16, query_len=8):
+            _route(128)
+        with forward_context(decode_backend="latency_specialized", phase="spec_verify", requests=17, query_len=8):
+            _route(136)
+        with forward_context(decode_backend="latency_specialized", phase="decode", requests=64):
+            _route(64)
+    assert calls == [128, 64]
+    assert tr.decisions[1].reason == "out of declared scope: 136 token rows above rows_max 128"
+    assert scope.to_dict()["rows_max"] == 128 and "rows_max" not in OpScope(devices=("cpu",)).to_dict()
+    for bad, got in ((0, "got 0"), (True, "got bool"), (128.0, "got float")):
+        with pytest.raises(ScopeError, match=f"'rows_max' must be None or an int >= 1; {got}"):
+            OpScope(devices=("cpu",), rows_max=bad)
+
+
+def test_the_merged_cpu_moe_kernel_claims_what_its_fixture_was_judged_on():
+    """k3_model/kernels/moe_dispatch is the lean-torch-cpu fixture (merged): the same scope, verification steps
+    up to 128 rows (bench/results/cpu/moe_lean_verification_session22/)."""
+    merged = parse_scope(__import__("k3_model.kernels.moe_dispatch", fromlist=["SCOPE"]).SCOPE)
+    assert (merged.phases, merged.requests_max, merged.query_len_max, merged.rows_max) == \
+        (("decode", "spec_verify"), 64, 8, 128)
+    fixture = (ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py")
+    assert fixture.read_text() == (ROOT / "k3_model/kernels/moe_dispatch/__init__.py").read_text()
