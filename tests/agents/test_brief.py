@@ -36,7 +36,8 @@ def test_brief_contents(repo, task):
     assert "`k3_model/kernels/moe_dispatch/**`" in text
     assert "`k3_model.ops.moe_dispatch:moe_route_dispatch`" in text
     assert "- `topk_ids` (output): shape (T, K) int32" in text
-    assert "requests `T` in [1, 64], query length 1 (decode steps)" in text
+    assert ("token rows `T` of requests in [1, 64] at query length `Q` in [1, 8] (requests = ceil(`T` / query length); "
+            "decode steps at query length 1, verification steps above") in text
     assert "- `k3_t1`: 212.0 us per call" in text and "- `k3_t64`: 850.5 us per call" in text
     assert "measured once before you started (spread not measured):" in text
     assert f"workbench check k3_moe_dispatch --base {'a' * 40}" in text
@@ -117,11 +118,10 @@ def test_brief_scope_rule_and_no_distributed_rules_for_a_single_process_task(rep
     text = render_brief(task, repo_root=repo, worktree=repo, base_commit="a" * 40, device="cpu", baseline_us=None,
                         mode="shell")
     assert ("- Scope rule: `SCOPE` must claim exactly what is judged: devices: only `cpu` (the device this run "
-            "judges); phases within ['decode']; dtypes within ['float32']; requests_min/requests_max within [1, 64]; "
-            "query_len_min/query_len_max within [1, 1]; TP size 1 only "
-            "(a single-process task).") in text
-    assert ("The activation guard rejects a `SCOPE` that claims a device, batch size, dtype or phase that is not "
-            "judged in this run") in text
+            "judges); phases within ['decode', 'spec_verify']; dtypes within ['float32']; requests_min/requests_max "
+            "within [1, 64]; query_len_min/query_len_max within [1, 8]; TP size 1 only (a single-process task).") in text
+    assert ("The activation guard rejects a `SCOPE` that claims a device, request count, query length, dtype or phase "
+            "that is not judged in this run") in text
     assert "Distributed tasks" not in text and "torch.distributed" not in text
     scope_line = next(ln for ln in text.splitlines() if ln.startswith("- Task scope:"))
     assert "TP" not in scope_line and "world size" not in text
@@ -135,7 +135,7 @@ def test_brief_of_a_distributed_task(repo):
     assert "- Distributed tasks (`k3_allreduce_rmsnorm`): your op runs in one process per TP rank" in text
     assert "TP sizes [1, 2, 4, 8]" in text
     assert "TP sizes within [1, 2, 4, 8] and only the world sizes this run judges (one process per rank)" in text
-    assert "device, batch size, dtype, phase or world size that is not judged" in text
+    assert "device, request count, query length, dtype, phase or world size that is not judged" in text
     # its perf is judged on CUDA only: on CPU no timing method and no baseline
     assert "Performance is not judged on cpu for this task (it is on cuda)" in text
     assert "How the judge times" not in text and "Baseline" not in text

@@ -75,15 +75,15 @@ def _query(s) -> str:
     """The requests and query-length part of a scope line."""
     qa = s.query_axis
     q = "1" if qa is None else (f"1 + `{qa[0]}`" if qa[1] else f"`{qa[0]}`")
-    if s.rows_axis is not None:
-        req = (f"token rows `{s.rows_axis}` of requests in [{s.requests_min}, {s.requests_max}] with query length {q} "
-               f"each (requests = ceil(`{s.rows_axis}` / query length))")
-    else:
-        req = f"requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}]"
     if qa is None:
-        return req + ", query length 1 (decode steps)"
-    steps = "decode steps at 1, verification steps above" if "decode" in s.phases else "verification steps"
-    return req + f", query length {q} in [{s.query_len_min}, {s.query_len_max}] ({steps})"
+        return f"requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}], query length 1 (decode steps)"
+    steps = "decode steps at query length 1, verification steps above" if "decode" in s.phases else "verification steps"
+    if s.rows_axis is not None:
+        return (f"token rows `{s.rows_axis}` of requests in [{s.requests_min}, {s.requests_max}] at query length {q} in "
+                f"[{s.query_len_min}, {s.query_len_max}] (requests = ceil(`{s.rows_axis}` / query length); {steps}; a "
+                "`SCOPE` may also bound the rows it runs with `rows_max`)")
+    return (f"requests `{s.requests_axis}` in [{s.requests_min}, {s.requests_max}], query length {q} in "
+            f"[{s.query_len_min}, {s.query_len_max}] ({steps})")
 
 
 def _scope_lines(task: TaskSpec, device: str) -> list[str]:
@@ -102,8 +102,8 @@ def _scope_lines(task: TaskSpec, device: str) -> list[str]:
         claim.append("TP size 1 only (a single-process task)")
     lines.append("- Scope rule: `SCOPE` must claim exactly what is judged: " + "; ".join(claim) + ". The activation "
                  "guard rejects a `SCOPE` that claims a "
-                 + ("device, batch size, dtype, phase or world size" if task.distributed is not None
-                    else "device, batch size, dtype or phase")
+                 + ("device, request count, query length, dtype, phase or world size" if task.distributed is not None
+                    else "device, request count, query length, dtype or phase")
                  + " that is not judged in this run, and fails any judged configuration inside `SCOPE` that did "
                  "not run your kernel (or one outside it that did).")
     return lines
