@@ -1199,7 +1199,7 @@ def _speculative(model, store: _Contexts, spec: BenchModelSpec, B: int, c: int) 
     _log(f"B={B} context={c} speculative ({'forward as a CUDA graph' if graphs else 'eager'}, D={D}, {tokens} tokens "
          "emitted per step): " + ", ".join(f"{s} {v.median_us / 1e3:.3f} ms, {v.tokens_per_s:,.0f} tok/s"
                                            for s, v in sides.items()))
-    return _kind("speculative", "decode", mode, tokens, sides,
+    return _kind("speculative", "spec_verify", mode, tokens, sides,
                  eager_reason="; ".join(f"{s}: {r}" for s, r in eager_reason.items()) or None)
 
 

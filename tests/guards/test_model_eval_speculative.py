@@ -44,8 +44,8 @@ MISCOUNT = textwrap.dedent('''
     from k3_model.dispatch import OpScope
     from k3_model.ops.dspark_verify import dspark_verify_standard
 
-    SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1,
-                    requests_max=64)
+    SCOPE = OpScope(devices=("cpu",), phases=("spec_verify",), tp_sizes=(1,), dtypes=("bfloat16",), requests_min=1,
+                    requests_max=64, query_len_min=2, query_len_max=9)
 
 
     def dspark_verify(*args, output_token_ids, num_accepted_tokens, **kw):

@@ -44,7 +44,8 @@ def test_candidate_page_shows_evidence_scope_perf_trace_and_reproduce(client, re
         assert v.summary in text
         for e in v.evidence:
             assert e.name in text
-    assert "<th>batch (T)</th><td>1–64</td>" in page
+    assert "<th>requests (ceil(T / query length))</th><td>1–64</td>" in page
+    assert "<th>query length (Q)</th><td>1–8</td>" in page
     assert "<th>devices</th><td>cpu, cuda</td>" in page and "<td>float32</td>" in page
     for p in result.perf:
         assert f"<td>{p.name}</td>" in page and f"{p.speedup:.3f}x" in page

@@ -112,12 +112,13 @@ def test_traces_say_where_the_kernel_ran(cpu_run):
         assert dec.source == "per_call" and dec.implementations == {"moe_dispatch:latency_specialized": 24,
                                                                     "kda_decode:standard": 18,
                                                                     "small_m_gemm:standard": 117}
-        assert dec.reasons == [no_gemm, no_kda, f"moe_dispatch -> latency_specialized: in scope (phase decode, batch "
-                                                f"{row.batch}, cpu, float32, TP 1, E 32, K 4, G 1, TG 1, B 16)"]
+        assert dec.reasons == [no_gemm, no_kda, f"moe_dispatch -> latency_specialized: in scope (phase decode, requests "
+                                                f"{row.batch}, query length 1, rows {row.batch}, cpu, float32, TP 1, E 32, "
+                                                "K 4, G 1, TG 1, B 16)"]
         mix = row.mixed.sides["latency_specialized"].trace
         assert (mix.kernel_steps, mix.kernel_steps_fraction) == (0, 0.0)
         assert mix.reasons == [no_gemm, no_kda] * (row.batch > 1) + [
-            f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode']"]
+            f"moe_dispatch -> standard: out of declared scope: phase '{row.mixed.phase}' not in ['decode', 'spec_verify']"]
 
 
 def test_speculative_steps_emit_the_synthetic_acceptance_length(cpu_run):
@@ -130,14 +131,14 @@ def test_speculative_steps_emit_the_synthetic_acceptance_length(cpu_run):
     assert any("speculative steps (eager)" in n for n in r.notes)
     for row in r.rows:
         k = row.speculative
-        assert k is not None and k.kind == "speculative" and k.phase == "decode" and k.mode == "eager"
+        assert k is not None and k.kind == "speculative" and k.phase == "spec_verify" and k.mode == "eager"
         assert k.tokens_per_step == 6 * row.batch
         for side, s in k.sides.items():
             assert len(s.samples_us) == 3 and all(x > 0 for x in s.samples_us)
             assert math.isclose(s.tokens_per_s, 6 * row.batch / (s.median_us * 1e-6))
             impl = s.trace.implementations
             assert impl[f"dspark_verify:{side}"] == 3  # main's merged CPU kernel reads the bf16 logits
-            assert impl[f"moe_dispatch:{side}"] == 8 * 3  # 8 MoE layers; B x 8 rows <= 64 are in its scope
+            assert impl[f"moe_dispatch:{side}"] == 8 * 3  # 8 MoE layers; B x 8 rows <= rows_max 128: in its scope
             # KDA runs each request's 8 tokens as decode steps: 6 layers x 8 tokens x requests, each with its
             # 5 input projections; the MLA layers' 8-token projections keep F.linear
             assert impl["kda_decode:standard"] == 6 * 8 * row.batch * 3
