@@ -17,7 +17,7 @@ from workbench.taskspec import load_task
 
 SEEDS = range(20)
 LEAN_CLAIM = {"devices": ["cpu"], "phases": ["decode", "spec_verify"], "requests_min": 1, "requests_max": 64,
-              "query_len_min": 1, "query_len_max": 8, "rows_max": 128}
+              "query_len_min": 1, "query_len_max": 8}
 """The scope the moe_dispatch fixtures built on lean-torch-cpu declare: the perf draws follow the claim."""
 
 
@@ -50,13 +50,14 @@ def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload
         ws = perf_workloads(moe, seed, claimed=LEAN_CLAIM)
         drawn = [w for w in ws if w.name.startswith("random-perf-domain-")]
         assert len(drawn) == PERF_DOMAIN_DRAWS
-        assert all(w.axes["T"] <= LEAN_CLAIM["rows_max"] for w in drawn)  # the claim's rows: timed where it runs
+        assert all(w.axes["T"] <= 64 * w.axes["Q"] for w in drawn)  # in the task's scope: at most 64 requests
         assert all(moe.domain.satisfied({**w.axes, **w.params}) for w in drawn)
         assert {w.axes["B"] for w in ws} == {16, 32, 64, 128} and {w.axes["G"] for w in ws} == {1, 2, 4, 8}, seed
         assert len({w.axes["E"] for w in drawn} - listed_e) >= PERF_DOMAIN_DRAWS - 2, seed
         per_seed_missing.append(set(moe.domain.axes["E"].choices) - {w.axes["E"] for w in ws})
-    # over the seeds every expert count is timed in most runs. Measured over seeds 0-99 with this claim (session
-    # 22, verification steps a drawn dimension since issue 21): at most two left out per run, E = 384 in 7 runs
+    # over the seeds every expert count is timed in most runs. With verification steps a drawn dimension (issue 21,
+    # session 22): over these 20 seeds at most two left out per run, E = 384 in 2 runs (over seeds 0-99: at most
+    # three, E = 384 in 8; a kernel slow at every unlisted E, as the bad fixture, meets 6 or more in every run)
     assert all(len(m) <= 2 for m in per_seed_missing), per_seed_missing
     assert sum(384 in m for m in per_seed_missing) <= 2, per_seed_missing
 

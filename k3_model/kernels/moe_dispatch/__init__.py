@@ -13,10 +13,9 @@ import torch
 from k3_model.dispatch import OpScope
 
 SCOPE = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), tp_sizes=(1,), dtypes=("float32",), requests_min=1,
-                requests_max=64, query_len_min=1, query_len_max=8, rows_max=128)
-"""Decode steps of 1-64 requests and verification steps of up to 16 requests at 7 drafts (128 rows): past 128
-rows this kernel gains nothing over the standard path on CPU (K3 sizes, E = 896: 1.17x at 128 rows, 0.98x at
-512; bench/results/cpu/moe_lean_verification_session22.md)."""
+                requests_max=64, query_len_min=1, query_len_max=8)
+"""Decode steps of 1-64 requests and verification steps of 1-64 requests at up to 7 drafts (8-512 token rows):
+1.16-1.60x the standard path on CPU at K3's sizes over 1-512 rows (bench/results/cpu/moe_lean_verification_session22/)."""
 
 
 def moe_route_dispatch(router_logits, e_score_correction_bias, token_valid, *, top_k, n_group, topk_group,
