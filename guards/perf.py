@@ -948,7 +948,8 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     """The task's perf workloads, ``draws`` batch draws and ``domain_draws_n`` domain draws, at run time.
 
     With ``claimed`` (the declared scope), both kinds of draw stay on the query lengths it claims
-    (:func:`draws_within_claim`); the batch draws copy the largest claimed listed workload.
+    (:func:`draws_within_claim`); the batch draws copy, in turn, the largest claimed listed workload of each
+    claimed query length (decode and verification steps).
 
     Each batch draw (default :data:`PERF_RANDOM_DRAWS`) copies the listed perf workload with the
     largest batch axis (its cost bounds the draw's) and redraws that axis uniformly in
@@ -971,16 +972,34 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     in_claim = [w for w in listed if qa is None or not claimed
                 or (claimed.get("query_len_min", 1) <= task.scope.query_len(w.axes) <= claimed.get("query_len_max", 1)
                     and task.scope.step(w.axes, w.phase)[3] <= (claimed.get("rows_max") or task.scope.step(w.axes)[3]))]
-    tmpl = max(in_claim or listed, key=lambda w: w.axes[ax])
+    # one template per claimed query length (the largest batch of each): decode and verification steps both
+    # get batch draws, in turn; a task without a query-length axis has the one template it always had
+    by_q = {}
+    for w in in_claim or listed:
+        q = task.scope.query_len(w.axes)
+        if q not in by_q or w.axes[ax] > by_q[q].axes[ax]:
+            by_q[q] = w
+    templates = [by_q[q] for q in sorted(by_q)]
     used = {w.axes[ax] for w in listed}
-    lo, hi = task.scope.batch_range(tmpl.axes)
-    if task.scope.rows_axis is not None and claimed and claimed.get("rows_max"):
-        hi = max(lo, min(hi, int(claimed["rows_max"])))
-    pool = [b for b in range(lo, hi + 1) if b not in used] or list(range(lo, hi + 1))
     rng = random.Random(_derive_seed(seed, "perf_random_workloads"))
     out = list(listed)
     n = PERF_RANDOM_DRAWS if draws is None else draws
-    for i, b in enumerate(rng.sample(pool, min(n, len(pool)))):
+
+    def pool_of(tmpl) -> list[int]:
+        lo, hi = task.scope.batch_range(tmpl.axes)
+        if task.scope.rows_axis is not None and claimed and claimed.get("rows_max"):
+            hi = max(lo, min(hi, int(claimed["rows_max"])))
+        return [b for b in range(lo, hi + 1) if b not in used] or list(range(lo, hi + 1))
+
+    if len(templates) == 1:
+        picks = [(templates[0], b) for b in rng.sample(pool_of(templates[0]), min(n, len(pool_of(templates[0]))))]
+    else:
+        picks = []
+        for i in range(n):
+            tmpl = templates[i % len(templates)]
+            pool = [b for b in pool_of(tmpl) if (tmpl, b) not in picks] or pool_of(tmpl)
+            picks.append((tmpl, rng.choice(pool)))
+    for i, (tmpl, b) in enumerate(picks):
         out.append(tmpl.model_copy(update={"name": f"random-perf-{i}-{tmpl.name}", "axes": {**tmpl.axes, ax: b}}))
     m = PERF_DOMAIN_DRAWS if domain_draws_n is None else domain_draws_n
     if task.domain is not None and m > 0:

@@ -34,8 +34,16 @@ def test_listed_workloads_come_first_and_draws_redraw_the_batch_inside_the_scope
         drawn = [w for w in ws[len(moe.perf.workloads):] if not w.name.startswith("random-perf-domain-")]
         assert len(drawn) == PERF_RANDOM_DRAWS and all(w.name.startswith("random-perf-") for w in drawn)
         listed_t = {moe.workload(n).axes["T"] for n in moe.perf.workloads}
-        # the largest claimed listed workload is a decode step of 64 rows: the batch draws are decode steps
-        assert all(1 <= w.axes["T"] <= 64 and w.axes["Q"] == 1 and w.axes["T"] not in listed_t for w in drawn)
+        assert all(w.axes["T"] not in listed_t for w in drawn)
+        # one decode step (the largest listed decode step's other sizes, T redrawn in 1-64), one verification step
+        # (k3_r64_d7's, T redrawn in 1-512 at Q = 8): a kernel slow off the timed batches is met on both
+        decode, verify = drawn
+        assert decode.axes["Q"] == 1 and 1 <= decode.axes["T"] <= 64 and decode.name.endswith("-k3_t64")
+        assert verify.axes["Q"] == 8 and 1 <= verify.axes["T"] <= 512 and verify.name.endswith("-k3_r64_d7")
+        assert (decode.phase, verify.phase) == ("decode", "spec_verify")
+        assert moe.scope.step(verify.axes, verify.phase)[0] == "spec_verify"
+    decode_only = perf_workloads(moe, 3, claimed={**LEAN_CLAIM, "phases": ["decode"], "query_len_max": 1})
+    assert all(w.axes["Q"] == 1 for w in decode_only[len(moe.perf.workloads):])
 
 
 def test_perf_domain_draws_time_expert_counts_and_block_sizes_no_listed_workload_times(moe):
