@@ -117,7 +117,7 @@ def test_moe_draws_build_valid_cases(moe):
 
 def test_bias_shift_regime_shifts_the_bias_by_a_large_constant(moe):
     inputs = load_task_module(moe, "inputs")
-    axes = {"T": 3, "E": 32, "K": 4, "G": 1, "TG": 1, "B": 16}
+    axes = {"T": 3, "Q": 1, "E": 32, "K": 4, "G": 1, "TG": 1, "B": 16}
     base = inputs.make_inputs(axes, 11, "realistic")
     shifted = inputs.make_inputs(axes, 11, "bias_shift")
     assert (base["router_logits"] == shifted["router_logits"]).all()
@@ -167,13 +167,13 @@ def test_value_cells_edges_realistic_and_inside():
 
 
 def test_unsatisfiable_domain_is_a_clear_error(moe):
-    dom = moe.domain.model_copy(update={"cost_constraints": ("T > 64",), "cost_source": "an impossible budget"})
+    dom = moe.domain.model_copy(update={"cost_constraints": ("T > 512",), "cost_source": "an impossible budget"})
     with pytest.raises(TaskSpecError, match="no configuration meeting the \\[domain\\] constraints"):
         domain_draws(moe.model_copy(update={"domain": dom}), 0, 1)
 
 
 def _failing(moe, **axes_over):
-    axes = {"T": 37, "E": 256, "G": 1, "TG": 1, "K": 13, "B": 32, **axes_over}
+    axes = {"T": 37, "Q": 1, "E": 256, "G": 1, "TG": 1, "K": 13, "B": 32, **axes_over}
     return random_workloads(moe, 0)[0].model_copy(update={
         "name": "random-0-bias-shift", "axes": axes, "case": "bias_shift",
         "params": {"renormalize": False, "routed_scaling_factor": 3.7}})
@@ -187,7 +187,7 @@ def test_shrink_finds_the_minimal_failing_configuration(moe):
         return w.axes["B"] == 32 and w.axes["G"] == 1
 
     r = shrink(moe, _failing(moe), still_fails)
-    assert r.workload.axes == {"T": 1, "E": 1, "G": 1, "TG": 1, "K": 1, "B": 32}
+    assert r.workload.axes == {"T": 1, "Q": 1, "E": 1, "G": 1, "TG": 1, "K": 1, "B": 32}
     assert r.workload.case == "realistic"
     assert r.workload.params == {"renormalize": True, "routed_scaling_factor": 1.0}
     assert r.workload.name == "random-0-bias-shift-shrunk" and "T 37 -> 1" in r.steps
@@ -248,8 +248,8 @@ def test_wide_bias_draws_that_drop_groups_expose_an_offset_group_mask():
 
     task = load_task(REPO, "k3_moe_dispatch")
     make = load_task_module(task, "inputs").make_inputs
-    for axes in ({"T": 64, "E": 16, "G": 8, "TG": 6, "K": 4}, {"T": 3, "E": 896, "G": 8, "TG": 7, "K": 16},
-                 {"T": 4, "E": 128, "G": 4, "TG": 2, "K": 1}):
+    for axes in ({"T": 64, "Q": 1, "E": 16, "G": 8, "TG": 6, "K": 4}, {"T": 3, "Q": 1, "E": 896, "G": 8, "TG": 7, "K": 16},
+                 {"T": 4, "Q": 1, "E": 128, "G": 4, "TG": 2, "K": 1}):
         x = make(axes, 5, "wide_bias")
         g = (torch.sigmoid(x["router_logits"]) + x["e_score_correction_bias"]).view(axes["T"], axes["G"], -1)
         score = g.topk(2, dim=-1).values.sum(-1)
@@ -290,7 +290,7 @@ def test_lse_empty_markers_meet_every_regime_in_every_run():
 
 def test_an_overlay_changes_the_regimes_draw_and_keeps_the_rest(moe):
     w = random_workloads(moe, 0)[0].model_copy(update={
-        "name": "w", "axes": {"T": 16, "E": 64, "G": 1, "TG": 1, "K": 4, "B": 16}, "case": "wide_bias"})
+        "name": "w", "axes": {"T": 16, "Q": 1, "E": 64, "G": 1, "TG": 1, "K": 4, "B": 16}, "case": "wide_bias"})
     plain = build_case(moe, w, 5).inputs_a
     padded = build_case(moe, w.model_copy(update={"case": "wide_bias+padding_rows"}), 5).inputs_a
     valid = padded["token_valid"]

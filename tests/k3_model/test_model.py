@@ -74,7 +74,7 @@ def test_decode_backend_reaches_the_dispatcher_per_step(model):
     # KDA decode steps call kda_decode and every decode step's input projections small_m_gemm, for which no
     # kernel is merged
     by_phase = {(d.phase, d.implementation, d.reason.split(" (")[0]) for d in tr.decisions}
-    assert by_phase == {("prefill", "standard", "out of declared scope: phase 'prefill' not in ['decode']"),
+    assert by_phase == {("prefill", "standard", "out of declared scope: phase 'prefill' not in ['decode', 'spec_verify']"),
                         ("decode", "latency_specialized", "in scope"),
                         ("decode", "standard", "no latency-specialized kernel merged for kda_decode"),
                         ("decode", "standard", "no latency-specialized kernel merged for small_m_gemm")}, by_phase
