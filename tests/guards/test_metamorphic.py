@@ -329,7 +329,10 @@ FIXTURE = "tasks/k3_moe_dispatch/fixtures/bad/correctness-weights-depend-on-batc
 
 @pytest.mark.slow
 def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project_repo, monkeypatch):
-    """The guard run directly (not through the pipeline, which pools judgings of the same content)."""
+    """The guard run directly (not through the pipeline, which pools judgings of the same content). Seed 10 draws
+    7 token-permutation pairs that renormalise with a partial tile (the bug's condition); seed 11, used before the
+    query-length axis joined moe_dispatch's domain (issue 21), now draws one, and it moves no token across the
+    tile's edge."""
     from guards.base import GuardContext
     from guards.isolation import IsolationGuard
     from guards.verdict import Status
@@ -340,7 +343,7 @@ def test_position_dependent_weights_pass_the_reference_and_fail_the_pair(project
 
     def judge():
         ctx = GuardContext(task=task, repo_root=project_repo, worktree=cand.worktree, base_commit=cand.base_commit,
-                           candidate_commit=cand.candidate_commit, device="cpu", seed=11)
+                           candidate_commit=cand.candidate_commit, device="cpu", seed=10)
         assert IsolationGuard().check(ctx).status is Status.PASS
         return CorrectnessGuard().check(ctx), ctx.artifacts.cases
 
