@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import platform
 import statistics
 import sys
@@ -32,27 +31,13 @@ from guards.cases import build_case  # noqa: E402
 from k3_model.ops.moe_dispatch import moe_route_dispatch_standard  # noqa: E402
 from workbench.taskspec import load_task  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from small_m_gemm_cpu_blocks import _cpu_model, _interval  # noqa: E402  (the CPU's name; the median's 99% interval)
+
 LEAN = ROOT / "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu/k3_model/kernels/moe_dispatch/__init__.py"
 ROWS = (1, 8, 64, 128, 192, 256, 512)
 """Token rows timed: decode (1, 64) and verification steps of 1, 8, 16, 24, 32 and 64 requests at D = 7."""
 SIZES = {"k3": {"E": 896, "K": 16}, "mini": {"E": 32, "K": 4}}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _order_interval(xs: list[float], conf: float = 0.99) -> tuple[float, float]:
-    """Distribution-free interval of the median: order statistics k and n-1-k (binomial, normal approximation)."""
-    ys, n = sorted(xs), len(xs)
-    k = max(0, int(math.floor(n / 2 - 2.576 * math.sqrt(n) / 2)))
-    return ys[k], ys[n - 1 - k]
 
 
 def main(out: Path, reps: int = 60) -> None:
@@ -82,7 +67,7 @@ def main(out: Path, reps: int = 60) -> None:
                     t[k] = (time.thread_time_ns() - t0) / 1e3
                     med[k].append(t[k])
                 ratios.append(t["standard"] / t["lean"])
-            lo, hi = _order_interval(ratios)
+            lo, hi = _interval(ratios)
             row = {"size": size, "rows": T, "query_len": q, "standard_us": statistics.median(med["standard"]),
                    "lean_us": statistics.median(med["lean"]), "speedup": statistics.median(ratios),
                    "speedup_99ci": [lo, hi]}

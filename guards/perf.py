@@ -969,9 +969,12 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
     task = draws_within_claim(task, claimed)
     ax = task.scope.batch_axis
     qa = task.scope.query_axis
-    in_claim = [w for w in listed if qa is None or not claimed
-                or (claimed.get("query_len_min", 1) <= task.scope.query_len(w.axes) <= claimed.get("query_len_max", 1)
-                    and task.scope.step(w.axes, w.phase)[3] <= (claimed.get("rows_max") or task.scope.step(w.axes)[3]))]
+    def claimed_step(w) -> bool:
+        _phase, _req, q, rows = task.scope.step(w.axes, w.phase)
+        return (claimed.get("query_len_min", 1) <= q <= claimed.get("query_len_max", 1)
+                and rows <= (claimed.get("rows_max") or rows))
+
+    in_claim = [w for w in listed if qa is None or not claimed or claimed_step(w)]
     # one template per claimed query length (the largest batch of each): decode and verification steps both
     # get batch draws, in turn; a task without a query-length axis has the one template it always had
     by_q = {}
@@ -992,7 +995,8 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
         return [b for b in range(lo, hi + 1) if b not in used] or list(range(lo, hi + 1))
 
     if len(templates) == 1:
-        picks = [(templates[0], b) for b in rng.sample(pool_of(templates[0]), min(n, len(pool_of(templates[0]))))]
+        pool = pool_of(templates[0])
+        picks = [(templates[0], b) for b in rng.sample(pool, min(n, len(pool)))]
     else:
         picks = []
         for i in range(n):

@@ -9,12 +9,11 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
 from k3_model import dispatch
 from k3_model.dispatch import OpScope, ScopeError, forward_context, parse_scope, record_trace
-from k3_model.ops.moe_dispatch import align_capacity, moe_route_dispatch
 from k3_model.vllm_plugin.batch import classify_batch
+from tests.k3_model.test_dispatch import _call as _route  # one MoE routing call of T rows
 from workbench.errors import TaskSpecError
 from workbench.taskspec import load_task, load_task_file
 
@@ -39,15 +38,6 @@ def _install(monkeypatch, scope) -> list[int]:
     monkeypatch.setattr(dispatch, "_MODULES", {})
     monkeypatch.setattr(dispatch, "_ROUTES", {})
     return calls
-
-
-def _route(T: int, E: int = 32, K: int = 4) -> None:
-    cap, nb = align_capacity(T, K, E, 16)
-    outs = dict(topk_weights=torch.empty(T, K), topk_ids=torch.empty(T, K, dtype=torch.int32),
-                sorted_token_ids=torch.empty(cap, dtype=torch.int32), expert_ids=torch.empty(nb, dtype=torch.int32),
-                num_tokens_post_padded=torch.empty(1, dtype=torch.int32))
-    moe_route_dispatch(torch.randn(T, E), torch.zeros(E), torch.ones(T, dtype=torch.bool), top_k=K, n_group=1,
-                       topk_group=1, renormalize=True, routed_scaling_factor=1.0, block_size=16, **outs)
 
 
 @pytest.mark.parametrize("key", ["batch_min", "batch_max"])
