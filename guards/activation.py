@@ -94,7 +94,9 @@ def scope_excess(claimed: dict, task_scope, task=None) -> list[str]:
     for k, what in (("requests", "requests"), ("query_len", "query length")):
         lo, hi = getattr(task_scope, f"{k}_min"), getattr(task_scope, f"{k}_max")
         if claimed.get(f"{k}_min", 1) < lo or claimed.get(f"{k}_max", 0) > hi:
-            out.append(f"{what} [{claimed.get(f'{k}_min')}, {claimed.get(f'{k}_max')}] exceeds the task's [{lo}, {hi}]")
+            note = " (query length = 1 + draft tokens per request)" if k == "query_len" else ""
+            out.append(f"{what} [{claimed.get(f'{k}_min')}, {claimed.get(f'{k}_max')}] exceeds the task's [{lo}, {hi}]"
+                       + note)
     if task is not None and claimed.get("shapes"):
         out += shape_excess(claimed["shapes"], task)
     return out
