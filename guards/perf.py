@@ -1,8 +1,10 @@
 """Perf guard: no regression at any configuration, a real gain where the candidate claims its path.
 
 Baseline = what the base commit runs: the standard path, or the kernel already merged for the op where
-its scope covers the configuration (a candidate replacing a merged kernel must beat that kernel);
-candidate = the dispatcher with ``decode_backend=latency_specialized``,
+its scope covers the configuration (a candidate replacing a merged kernel must beat that kernel). With no
+kernel at the base, the timed baseline calls reach the standard path through the candidate's dispatch
+route (``k3_model.dispatch.StandardRoutedAsKernel``: same scope check, same cost), so the dispatcher's own
+per-call cost is not charged to the candidate; candidate = the dispatcher with ``decode_backend=latency_specialized``,
 same inputs, same child process, interleaved A B A B after warm-up. Per configuration: medians, a
 bootstrap interval of the per-pair speedup (baseline / candidate), and a one-sided Wilcoxon
 signed-rank test that the candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at

@@ -664,6 +664,29 @@ def _specialized_module(op: str, device: str | None = None) -> Any | None:
     return mod
 
 
+class StandardRoutedAsKernel:
+    """A stand-in kernel module: :func:`select` routes a call through it as through a merged kernel with
+    the same ``SCOPE`` (module cache, scope check, route cache, entry lookup) and then runs the op's
+    standard implementation, recorded as ``standard``.
+
+    The perf guard times its baseline through one when no kernel is merged at the base, so both timed
+    sides pay the same dispatch and the comparison is of the implementations alone. The kernel route
+    (forward context included) cost 1.8-2.9 us more per call than the ``decode_backend=standard`` route on
+    the 2-core CI machine, which made a kernel that runs the standard computation on tiny GEMMs read
+    0.90-0.97x (session 23's landing CI rejected one at 0.876x); through the stand-in it reads 0.99-1.00x.
+    Source: ``bench/dispatch_route_overhead.py``, ``bench/results/cpu/dispatch_route_overhead_session23.json``.
+
+    Args:
+        scope: the scope to route with (the candidate's parsed ``SCOPE``), an :class:`OpScope`.
+    """
+
+    def __init__(self, scope: OpScope):
+        if type(scope) is not OpScope:
+            raise TypeError(f"StandardRoutedAsKernel(scope): expected an OpScope (parse_scope's result), got "
+                            f"{type(scope).__name__}")
+        self.SCOPE = scope
+
+
 def declared_scope(op: str, device: str | None = None) -> OpScope | None:
     """The parsed scope of the merged latency-specialized kernel serving ``op`` on device type
     ``device`` (:func:`kernel_key`; the very object the dispatcher decides with), or ``None`` if none is
@@ -732,13 +755,16 @@ def select(op: str, entry: str, standard: Callable[..., Any], rows: int, device:
                         if len(_ROUTES) >= _ROUTES_MAX:
                             _ROUTES.clear()
                         _ROUTES[key] = (scope, ok, why)
-                fn = getattr(mod, entry, None)
+                stand_in = type(mod) is StandardRoutedAsKernel
+                fn = standard if stand_in else getattr(mod, entry, None)
                 if not callable(fn):
                     raise DispatchError(
                         f"k3_model.kernels.{kernel_key(op, device)}: entry point {entry!r} is missing or not callable; "
                         f"define def {entry}(...) with the op's signature."
                     )
-                if ok:
+                if ok and stand_in:
+                    impl, reason = STANDARD, f"the standard path routed as a kernel ({why})"
+                elif ok:
                     impl, reason = LATENCY_SPECIALIZED, why
                 else:
                     impl, reason, fn = STANDARD, why, standard

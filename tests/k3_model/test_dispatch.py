@@ -367,6 +367,30 @@ def test_memoised_routes_follow_the_module_swap_and_the_batch(monkeypatch):
     assert len(dispatch._ROUTES) == 3  # (cand, 16), (base, 16), (base, 4)
 
 
+def test_standard_routed_as_a_kernel_takes_the_kernel_route_and_runs_the_standard_path(monkeypatch):
+    """The perf guard's baseline stand-in (``StandardRoutedAsKernel``): routed with the kernel's scope, it runs
+    and records the standard path, in scope and out of it, and computes what the standard path computes."""
+    calls = []
+    cand = _fake_module(monkeypatch, OpScope(devices=("cpu",), requests_max=8))
+    cand.moe_route_dispatch = lambda *a, **k: calls.append("kernel")
+    stand_in = dispatch.StandardRoutedAsKernel(declared_scope("moe_dispatch"))
+    dispatch._MODULES["moe_dispatch"] = stand_in
+    torch.manual_seed(0)
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        got = _call(8)
+    torch.manual_seed(0)
+    with forward_context(decode_backend="standard", phase="decode"):
+        want = _call(8)
+    assert calls == [] and tr.implementations() == ["standard"]
+    assert tr.decisions[0].reason.startswith("the standard path routed as a kernel (in scope (phase decode, requests 8")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+        _call(9)
+    assert tr.decisions[0].reason == "out of declared scope: requests 9 outside [1, 8]" and calls == []
+    with pytest.raises(TypeError, match="expected an OpScope"):
+        dispatch.StandardRoutedAsKernel({"devices": ("cpu",)})
+
+
 def test_registering_op_shapes_empties_the_route_memo(monkeypatch):
     """A newly registered shape domain changes what ``route`` answers, so the memo starts again."""
     monkeypatch.setattr(dispatch, "_ROUTES", {("x",): (None, True, "stale")})
