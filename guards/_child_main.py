@@ -691,6 +691,8 @@ def _serve(fn, fc, rt, req, nonce):
     sv = req["serve"]
     device = req["device"]
     backend = req["decode_backend"]
+    if req.get("route_as") and backend == "latency_specialized":  # the baseline side (guards/perf.py _judge)
+        _route_standard_as(req["op"], device, req["route_as"])
     mm = mmap.mmap(sv["shm_fd"], sv["shm_bytes"])
     buf = torch.frombuffer(mm, dtype=torch.uint8)
     cmd_fd, ack_fd = sv["cmd_fd"], sv["ack_fd"]
@@ -816,6 +818,28 @@ def _serve(fn, fc, rt, req, nonce):
 
         extra["device_limits"] = device_limits().to_dict()
     return {"implementations": impls, "errors": errors, "event_us": events, **extra}
+
+
+def _tuples(value):
+    """A scope in JSON form (lists) with its lists back as tuples, as ``OpScope`` literals are written."""
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _route_standard_as(op, device, scope):
+    """In the perf guard's baseline child with no kernel merged at the base: the standard path is reached
+    through the candidate's dispatch route (``k3_model.dispatch.StandardRoutedAsKernel`` with the candidate's
+    declared ``scope``, JSON form), so the dispatcher's per-call cost is paid on both sides. Returns whether
+    the stand-in was installed (not when the base has a kernel, or its dispatcher predates the stand-in)."""
+    import k3_model.dispatch as d
+
+    stand_in = getattr(d, "StandardRoutedAsKernel", None)
+    if stand_in is None or d.declared_scope(op, device) is not None:
+        return False
+    parsed = d.parse_scope(_tuples(scope), where="the candidate's declared scope (perf baseline route)", op=op)
+    d._MODULES[d.kernel_key(op, device)] = stand_in(parsed)
+    return True
 
 
 def _init_cuda():

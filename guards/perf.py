@@ -324,7 +324,7 @@ class PerfGuard:
             with contextlib.ExitStack() as stack:
                 progress.phase("starting the baseline and candidate children (import, load)")
                 base = stack.enter_context(call_server(
-                    base_tree, {**req, "measure_floor": ctx.device == "cuda"}, specs, device=ctx.device,
+                    base_tree, baseline_request(req, self._artifacts.scope), specs, device=ctx.device,
                     timeout_s=timeout, memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
                 cand = stack.enter_context(call_server(
                     ctx.child_root, req, specs, device=ctx.device, timeout_s=timeout,
@@ -912,6 +912,20 @@ def timed_overlays(task) -> tuple[str, ...]:
     CUDA-graph padding rows); the others stay off in perf draws."""
     dom = task.domain
     return tuple(o for o, spec in dom.overlays.items() if spec.timed) if dom is not None else ()
+
+
+def baseline_request(req: dict, declared: dict | None) -> dict:
+    """The baseline call server's request: the candidate's ``req`` plus ``measure_floor`` (CUDA) and
+    ``route_as``, the candidate's declared scope (JSON form). With no kernel merged at the base, the
+    baseline child reaches the standard path through that scope's route
+    (``guards/_child_main.py`` ``_route_standard_as``, ``k3_model.dispatch.StandardRoutedAsKernel``), so
+    both sides pay the same dispatch per call and only the implementations differ.
+
+    Source: ``bench/results/cpu/dispatch_route_overhead_session23.json`` (the kernel route cost 1.8-2.9 us
+    per call more than the standard route on the CI machine: 0.90-0.97x for a kernel that runs the
+    standard computation on tiny GEMMs).
+    """
+    return {**req, "measure_floor": req["device"] == "cuda", "route_as": declared or None}
 
 
 def draws_within_claim(task, claimed: dict | None):

@@ -89,3 +89,44 @@ def test_a_kernel_merged_at_the_base_is_timed_as_itself(monkeypatch):
     base.small_m_gemm = lambda x, weight, *, out: torch.mm(x, weight.t(), out=out)
     _res, seen, _calls = _run(monkeypatch, OpScope(devices=("cpu",), requests_max=16), base_mod=base)
     assert set(seen) == {("latency_specialized", "module")}  # probes and timed calls: base or candidate module
+
+
+# ---- the perf guard's call servers (guards/judge.py): the baseline child routes as the candidate's scope
+
+def test_baseline_request_carries_the_declared_scope():
+    from guards.perf import baseline_request
+
+    req = {"target": "t:f", "op": "small_m_gemm", "device": "cpu", "decode_backend": "latency_specialized"}
+    scope = {"devices": ["cpu"], "phases": ["decode"], "requests_min": 2, "requests_max": 16}
+    assert baseline_request(req, scope) == {**req, "measure_floor": False, "route_as": scope}
+    assert baseline_request({**req, "device": "cuda"}, {})["route_as"] is None
+    assert baseline_request({**req, "device": "cuda"}, {})["measure_floor"] is True
+
+
+def test_baseline_child_installs_the_stand_in_only_without_a_base_kernel(monkeypatch):
+    from k3_model.ops.small_m_gemm import small_m_gemm
+
+    child = _child_main()
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    monkeypatch.setattr(dispatch, "_KEYS", {})
+    monkeypatch.setitem(sys.modules, OPMOD, types.ModuleType(OPMOD))  # nothing merged at the base
+    declared = {"devices": ["cpu"], "phases": ["decode"], "tp_sizes": [1], "dtypes": ["float32"], "requests_min": 2,
+                "requests_max": 16, "shapes": {"K": {"choices": [96, 7168]}}}
+    assert child._route_standard_as("small_m_gemm", "cpu", declared) is True
+    stand_in = dispatch._MODULES["small_m_gemm"]
+    assert type(stand_in) is dispatch.StandardRoutedAsKernel
+    assert stand_in.SCOPE.requests_max == 16 and stand_in.SCOPE.shapes == {"K": {"choices": (96, 7168)}}
+    x, w, out = torch.randn(4, 96), torch.randn(8, 96), torch.empty(4, 8)
+    with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
+        small_m_gemm(x, w, out=out)
+    assert tr.implementations() == ["standard"] and tr.decisions[0].reason.startswith("the standard path routed as a kernel")
+    assert torch.equal(out, x @ w.t())
+    # a kernel merged at the base is timed as itself
+    base = types.ModuleType(OPMOD)
+    base.__file__ = "<base>"
+    base.SCOPE = OpScope(devices=("cpu",), requests_max=4)
+    base.small_m_gemm = lambda x, weight, *, out: torch.mm(x, weight.t(), out=out)
+    monkeypatch.setitem(sys.modules, OPMOD, base)
+    monkeypatch.setattr(dispatch, "_MODULES", {})
+    assert child._route_standard_as("small_m_gemm", "cpu", declared) is False
+    assert dispatch._MODULES["small_m_gemm"] is base
