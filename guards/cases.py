@@ -501,7 +501,8 @@ PLAIN_REGIME = "realistic"
 
 def _push_to_ceiling(dom: DomainSpec, values: dict[str, Any], under: Callable[[dict[str, Any]], bool],
                      rng: random.Random, ragged: bool) -> dict[str, Any]:
-    """``values`` with each axis raised (in random order) as far as ``under`` (constraints and ceiling) allows.
+    """``values`` with each axis raised (in random order, repeated until no axis rises) as far as ``under``
+    (constraints and ceiling) allows.
 
     Aligned: to the largest of the axis's choices, or of its max and realistic values. Ragged: every
     integer range axis is first made odd (one below an even value, where the axis's min allows), then
@@ -516,26 +517,32 @@ def _push_to_ceiling(dom: DomainSpec, values: dict[str, Any], under: Callable[[d
     values = dict(values)
     if ragged:
         for name, spec in dom.axes.items():
-            if spec.choices is None and values[name] % 2 == 0 and values[name] - 1 >= int(spec.min):
+            if (spec.choices is None and values[name] % 2 == 0 and values[name] - 1 >= int(spec.min)
+                    and under({**values, name: values[name] - 1})):  # (an axis another one is bound by stays)
                 values[name] -= 1
-    for name in rng.sample(list(dom.axes), len(dom.axes)):
-        spec = dom.axes[name]
-        cur = values[name]
-        if spec.choices is not None or not ragged:
-            opts = sorted({c for c in spec.choices} if spec.choices is not None
-                          else {int(spec.max), *(int(v) for v in spec.realistic), cur}, reverse=True)
-            for v in opts:
-                if v > cur and under({**values, name: v}):
-                    values[name] = v
-                    break
-            continue
-        lo, hi = int(cur), int(spec.max)  # largest fitting value in [cur, max]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if under({**values, name: mid}) else (lo, mid - 1)
-        v = lo if lo % 2 else lo - 1
-        if v > cur and under({**values, name: v}):
-            values[name] = v
+    order = rng.sample(list(dom.axes), len(dom.axes))
+    for _ in range(len(order) + 1):  # again until nothing rises: raising one axis can let another rise
+        before = dict(values)  # (a constraint such as "B <= 64 * Q" couples two axes)
+        for name in order:
+            spec = dom.axes[name]
+            cur = values[name]
+            if spec.choices is not None or not ragged:
+                opts = sorted({c for c in spec.choices} if spec.choices is not None
+                              else {int(spec.max), *(int(v) for v in spec.realistic), cur}, reverse=True)
+                for v in opts:
+                    if v > cur and under({**values, name: v}):
+                        values[name] = v
+                        break
+                continue
+            lo, hi = int(cur), int(spec.max)  # largest fitting value in [cur, max]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if under({**values, name: mid}) else (lo, mid - 1)
+            v = lo if lo % 2 else lo - 1
+            if v > cur and under({**values, name: v}):
+                values[name] = v
+        if values == before:
+            break
     return values
 
 
