@@ -64,3 +64,32 @@ def test_each_dispatched_op_takes_its_merged_kernel_on_decode_steps(every_kernel
     # 12 prompt tokens in pages of 4 (3 pages and more): every decode step merges split-KV partials in each of
     # the 3 MLA layers; 5 new tokens are the prefill's 1 and 4 decode steps
     assert len([d for d in by_op["lse_merge"] if d.phase == "decode"]) == 3 * 4
+
+
+def test_verification_steps_take_the_kernels_that_claim_them(every_kernel_merged):
+    """Issue 21: on K3-mini's speculative verification steps (phase ``spec_verify``, 1 + D query tokens a
+    request) the lean kernels that claim query lengths up to 8 run (moe_dispatch over B x 8 rows, kda_decode
+    once per query position), those that claim decode only fall back with the reason, and the greedy tokens
+    stay the plain loop's. lse_merge claims verification steps too, but K3-mini's verification runs MLA in
+    the expanded form (T > 1, ``K3Model.forward_groups``), so it is not called there."""
+    from k3_model.decode import SyntheticDrafter, generate_speculative
+
+    cfg = parse_hf_config(k3_mini_hf_config())
+    model = K3Model(cfg, random_weights(cfg, 0))
+    prompts = torch.randint(0, 3840, (3, 12), generator=torch.Generator().manual_seed(3))
+    reference = generate(model, prompts, 12, page_tokens=4).tokens
+    with dispatch.record_trace() as tr:
+        res = generate_speculative(model, prompts, 4, drafter=SyntheticDrafter(reference, 3, model.text.vocab_size),
+                                   num_draft_tokens=7, page_tokens=4, decode_backend="latency_specialized")
+    assert torch.equal(res.tokens[:, :4], reference[:, :4])
+    verify = [d for d in tr.decisions if d.phase == "spec_verify"]
+    by_op = {op: [d for d in verify if d.op == op] for op in DISPATCHED_OPS}
+    for op in ("moe_dispatch", "lse_merge", "kda_decode"):
+        if by_op[op]:  # the op runs on this model's verification forward
+            assert all(d.implementation == "latency_specialized" and d.query_len == 8 for d in by_op[op]), (
+                op, {(d.implementation, d.reason) for d in by_op[op]})
+    assert by_op["moe_dispatch"] and by_op["kda_decode"] and not by_op["lse_merge"]
+    assert {d.rows for d in by_op["moe_dispatch"]} <= {8 * a for a in (1, 2, 3)}  # requests x (1 + 7 drafts)
+    # small_m_gemm's lean kernel claims decode steps only
+    assert by_op["small_m_gemm"] and all(d.implementation == "standard" and "phase 'spec_verify'" in d.reason
+                                         for d in by_op["small_m_gemm"])
