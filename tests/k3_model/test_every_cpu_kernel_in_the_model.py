@@ -68,10 +68,11 @@ def test_each_dispatched_op_takes_its_merged_kernel_on_decode_steps(every_kernel
 
 def test_verification_steps_take_the_kernels_that_claim_them(every_kernel_merged):
     """Issue 21: on K3-mini's speculative verification steps (phase ``spec_verify``, 1 + D query tokens a
-    request) the lean kernels that claim query lengths up to 8 run (moe_dispatch over B x 8 rows, kda_decode
-    once per query position), those that claim decode only fall back with the reason, and the greedy tokens
-    stay the plain loop's. lse_merge claims verification steps too, but K3-mini's verification runs MLA in
-    the expanded form (T > 1, ``K3Model.forward_groups``), so it is not called there."""
+    request) the lean kernels, which claim query lengths up to 8, run: moe_dispatch over the step's B x 8
+    rows, kda_decode once per query position, small_m_gemm on each request's projections (8 rows, within its
+    ``rows_max`` of 16); the greedy tokens stay the plain loop's. lse_merge claims verification steps too, but
+    K3-mini's verification runs MLA in the expanded form (T > 1, ``K3Model.forward_groups``), so it is not
+    called there."""
     from k3_model.decode import SyntheticDrafter, generate_speculative
 
     cfg = parse_hf_config(k3_mini_hf_config())
@@ -84,12 +85,9 @@ def test_verification_steps_take_the_kernels_that_claim_them(every_kernel_merged
     assert torch.equal(res.tokens[:, :4], reference[:, :4])
     verify = [d for d in tr.decisions if d.phase == "spec_verify"]
     by_op = {op: [d for d in verify if d.op == op] for op in DISPATCHED_OPS}
-    for op in ("moe_dispatch", "lse_merge", "kda_decode"):
-        if by_op[op]:  # the op runs on this model's verification forward
-            assert all(d.implementation == "latency_specialized" and d.query_len == 8 for d in by_op[op]), (
-                op, {(d.implementation, d.reason) for d in by_op[op]})
-    assert by_op["moe_dispatch"] and by_op["kda_decode"] and not by_op["lse_merge"]
+    for op, decisions in by_op.items():
+        assert all(d.implementation == "latency_specialized" and d.query_len == 8 for d in decisions), (
+            op, {(d.implementation, d.reason) for d in decisions})
+    assert by_op["moe_dispatch"] and by_op["kda_decode"] and by_op["small_m_gemm"] and not by_op["lse_merge"]
     assert {d.rows for d in by_op["moe_dispatch"]} <= {8 * a for a in (1, 2, 3)}  # requests x (1 + 7 drafts)
-    # small_m_gemm's lean kernel claims decode steps only
-    assert by_op["small_m_gemm"] and all(d.implementation == "standard" and "phase 'spec_verify'" in d.reason
-                                         for d in by_op["small_m_gemm"])
+    assert {d.rows for d in by_op["small_m_gemm"]} <= {1, 8}  # a KDA position, or a request's 8 MLA tokens
