@@ -134,9 +134,19 @@ def test_vllm_step_classification_names_verification_steps(qlens, ctx, spec_rows
 
 
 def test_task_scopes_are_in_requests_and_query_length():
-    moe, dspark, gemm = (load_task(ROOT, t) for t in ("k3_moe_dispatch", "k3_dspark_verify", "k3_small_m_gemm"))
-    assert (gemm.scope.requests_axis, gemm.scope.query_axis, gemm.scope.phases) == ("M", None, ("decode",))
-    assert gemm.scope.step({"M": 9, "N": 64, "K": 64}, "decode") == ("decode", 9, 1, 9)
+    moe, dspark, gemm, kda = (load_task(ROOT, t) for t in ("k3_moe_dispatch", "k3_dspark_verify", "k3_small_m_gemm",
+                                                              "k3_kda_decode"))
+    assert (gemm.scope.rows_axis, gemm.scope.query_axis, gemm.scope.phases) == ("M", ("Q", 0), ("decode", "spec_verify"))
+    assert gemm.scope.step({"M": 9, "Q": 1, "N": 64, "K": 64}) == ("decode", 9, 1, 9)
+    assert gemm.scope.step({"M": 13, "Q": 8, "N": 64, "K": 64}) == ("spec_verify", 2, 8, 13)
+    # kda_decode: one call per query position over the step's requests (rows = requests)
+    assert (kda.scope.requests_axis, kda.scope.query_axis) == ("B", ("Q", 0))
+    assert kda.scope.step({"B": 4, "Q": 8, "H": 4, "K": 64, "V": 64, "S": 5}) == ("spec_verify", 4, 8, 4)
+    # every task judges decode and verification steps (dspark_verify: verification steps only)
+    for tid in ("k3_moe_dispatch", "k3_small_m_gemm", "k3_lse_merge", "k3_kda_decode", "k3_allreduce_rmsnorm"):
+        t = load_task(ROOT, tid)
+        steps = {t.scope.step(w.axes, w.phase)[0] for w in t.correctness.workloads}
+        assert t.scope.query_len_max == 8 and steps == {"decode", "spec_verify"}, (tid, steps)
     assert (moe.scope.rows_axis, moe.scope.query_axis, moe.scope.phases) == ("T", ("Q", 0), ("decode", "spec_verify"))
     assert (dspark.scope.requests_axis, dspark.scope.query_axis, dspark.scope.phases) == ("B", ("D", 1), ("spec_verify",))
     assert dspark.scope.step({"B": 3, "D": 7, "V": 100, "Q": 1}) == ("spec_verify", 3, 8, 3)
@@ -188,20 +198,19 @@ def _task_file(tmp_path, task_id: str, src: str) -> Path:
 
 
 def test_task_with_old_row_fields_is_refused_with_the_replacements(tmp_path):
-    src = (ROOT / "tasks/k3_small_m_gemm/task.toml").read_text()
-    bad = src.replace('requests_axis = "M"\nrequests_min = 1\nrequests_max = 64\n',
-                      'batch_axis = "M"\nbatch_min = 1\nbatch_max = 64\n')
+    src = (ROOT / "tasks/k3_kda_decode/task.toml").read_text()
+    bad = src.replace('requests_axis = "B"\nquery_len_axis = "Q"\nrequests_min = 1\nrequests_max = 64\n',
+                      'batch_axis = "B"\nquery_len_axis = "Q"\nbatch_min = 1\nbatch_max = 64\n')
     assert bad != src
     with pytest.raises(TaskSpecError) as info:
-        load_task_file(_task_file(tmp_path, "k3_small_m_gemm", bad))
+        load_task_file(_task_file(tmp_path, "k3_kda_decode", bad))
     msg = str(info.value)
     assert "batch_axis, batch_min, batch_max, the token-row fields of before issue 21" in msg, msg
     assert "requests_axis, requests_min, requests_max" in msg and "draft_axis, query_len_min, query_len_max" in msg
 
 
 @pytest.mark.parametrize("task_id, old, new, msg", [
-    ("k3_small_m_gemm", "requests_max = 64\n", "requests_max = 64\nquery_len_max = 8\n",
-     "query_len_max 8 needs a draft_axis"),
+    ("k3_kda_decode", 'query_len_axis = "Q"\n', "", "query_len_max 8 needs a draft_axis"),
     ("k3_moe_dispatch", 'query_len_axis = "Q"\n', "", "rows_axis 'T' needs a draft_axis or query_len_axis"),
     ("k3_moe_dispatch", 'rows_axis = "T"\n', 'rows_axis = "T"\nrequests_axis = "T"\n',
      "declare exactly one of requests_axis"),

@@ -56,7 +56,7 @@ def _write_spec(tmp_path: Path, edit) -> Path:
     (lambda s: s.replace('identical_across_ranks = ["x", "residual"]', 'identical_across_ranks = ["x", "y"]'),
      "names 'y', which is not an output"),
     (lambda s: s.replace("tp_sizes = [1, 2, 4, 8]", "tp_sizes = [1, 2, 4]"), "world size W = 8 is outside"),
-    (lambda s: s.replace('world_size_axis = "W"', 'world_size_axis = "Q"'), "world_size_axis 'Q' is not in [axes]"),
+    (lambda s: s.replace('world_size_axis = "W"', 'world_size_axis = "Z"'), "world_size_axis 'Z' is not in [axes]"),
     (lambda s: "\n".join(l for l in s.splitlines() if not l.startswith("devices_reason")),
      "leaves a device out; say why in perf.devices_reason"),
     (lambda s: s.replace('shape = ["T", "D"]\ndtype = "bfloat16"\nper_rank = true', 'shape = ["T", "D"]\ndtype = "bfloat16"\ninplace = true', 1),
