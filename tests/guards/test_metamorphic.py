@@ -263,7 +263,9 @@ def test_dspark_relation_demands_each_requests_own_row():
 
 def test_allreduce_relation_is_bitwise():
     task = _task("k3_allreduce_rmsnorm")
-    c = _cases(task, 0, n=1)[0]
+    # the first seed whose pair has 3 tokens and 4 hidden channels or more (the edits below need them)
+    c = next(c for seed in range(50) for c in _cases(task, seed, n=1)
+             if c.inputs_a["x"].shape[-2] >= 3 and c.inputs_a["x"].shape[-1] >= 4)
     a, b = _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)
     perm = c.twin.info["perm"]
     x = b["x"].view(torch.int16)

@@ -212,7 +212,7 @@ def test_a_later_run_of_few_cases_checks_the_scope_against_every_tp_size_judged(
     monkeypatch.setattr(corr, "run_ranks", fake_ranks)
     ctx = GuardContext(task=task, repo_root=tmp_path, worktree=tmp_path, base_commit="b" * 40,
                        candidate_commit="c" * 40, device="cpu", seed=1)
-    w = task.workload("k3_w1_t1").model_copy(update={"axes": {"W": 1, "T": 1, "D": 16}})
+    w = task.workload("k3_w1_t1").model_copy(update={"axes": {"W": 1, "T": 1, "Q": 1, "D": 16}})
     c = build_case(task, w, 1)
     corr.CorrectnessGuard()._run(ctx, [c])
     corr.CorrectnessGuard()._run(ctx, [c], tp_sizes=[2, 4])
