@@ -276,4 +276,5 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
                 r.wall_us.append(max(go.wall_ns / 1e3, MIN_SAMPLE_US))
             if r.statuses[-1] != b"k":
                 return rec
+    progress.advance(warmup + repetitions)  # every pair of this window is done
     return rec

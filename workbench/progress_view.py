@@ -47,6 +47,7 @@ class ProgressView:
         self._live: Live | None = None
         self._last_phase: tuple[str, str] | None = None
         self._last_print = 0.0
+        self._unprinted: Step | None = None  # the newest step of a counted phase, when its count was not printed
 
     def start(self) -> None:
         if self.live:
@@ -65,13 +66,27 @@ class ProgressView:
             self._live.update(Text(line))
             return
         key = (step.guard, step.phase)
+        if key != self._last_phase:
+            self._flush(now)  # a counted phase that ended between two piped lines: its final count
         if step.phase == "starting":  # the guard's finished line says all a log needs
             return
         if key != self._last_phase or (step.total is not None and now - self._last_print >= PIPED_EVERY_S):
             self._last_phase, self._last_print = key, now
+            self._unprinted = None
             self.console.print(line, markup=False, highlight=False)
+        elif step.total is not None:
+            self._unprinted = step
+
+    def _flush(self, now: float) -> None:
+        """Print the count a counted phase ended at when no piped line showed it (a phase shorter than
+        :data:`PIPED_EVERY_S` otherwise leaves only its ``0/N`` line in a log)."""
+        if self._unprinted is not None:
+            self.console.print(describe(self._unprinted, now), markup=False, highlight=False)
+            self._unprinted = None
 
     def guard_finished(self, guard: str, status: str, seconds: float, summary: str) -> None:
+        if self._live is None:
+            self._flush(time.monotonic())
         style = STATUS_STYLE.get(status, "")
         name = escape(guard.ljust(12))
         self.console.print(f"  {name} [{style}]{status:<5}[/] {seconds:6.1f} s  {escape(summary[:120])}")

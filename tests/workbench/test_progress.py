@@ -59,3 +59,33 @@ def test_finished_line_keeps_brackets_of_guard_names_and_summaries():
     view.guard_finished("correctness[seed=0]", "FAIL", 2.0, "wrong at [k3_t8] [bold]x[/bold]")
     out = buf.getvalue()
     assert "correctness[seed=0]" in out and "wrong at [k3_t8] [bold]x[/bold]" in out, out
+
+
+def test_piped_log_shows_where_a_short_counted_phase_ended():
+    """helper-25 (session 22): a piped log read "0/170" for every perf workload, because a workload timed in
+    less than PIPED_EVERY_S printed only its first line. The count it ended at is printed when the next
+    phase (or the guard's end) comes; a phase whose last count was printed adds nothing."""
+    import io
+
+    from rich.console import Console
+
+    from workbench.progress_view import ProgressView
+
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, force_terminal=False, width=300))
+    old = progress.set_view(view)
+    try:
+        progress.guard_started("perf", 6, 6)
+        progress.phase("timing k3_t8 (1/2 workloads), calls a side", done=0, total=170)
+        for n in range(1, 171):
+            progress.advance(n)
+        progress.phase("timing k3_t64 (2/2 workloads), calls a side", done=0, total=170)
+        progress.advance(60)
+        progress.guard_finished("perf", "PASS", 3.0, "ok")
+        progress.phase("export")  # an uncounted phase: its line only
+    finally:
+        progress.set_view(old)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    counts = [ln.split(", calls a side ")[1].split(" ")[0] for ln in lines if "calls a side" in ln]
+    assert counts == ["0/170", "170/170", "0/170", "60/170"], lines
+    assert lines[-2].lstrip().startswith("perf") and "PASS" in lines[-2] and lines[-1].startswith("[6/6 perf] export")
