@@ -413,3 +413,19 @@ def test_reference_invariants_and_agreement_property(config) -> None:
     want = ref.reference(inputs, params)
     _assert_alignment_invariants(want["topk_ids"], inputs["token_valid"], axes["E"], axes["B"], want)
     assert ref.check(inputs, params, _standard(inputs, params), want, TOL) == []
+
+
+def test_wrong_expert_message_lists_whole_sets_that_differ() -> None:
+    """helper-25 (session 22): at top-16 the expected and got lists were cut at 8 experts, so a row whose
+    wrong expert sorts past the 8th printed two identical lists. Both are printed whole (top-k <= 32)."""
+    inputs, params, want = _case("k3_t8", 5)
+    assert params["top_k"] == 16
+    got = {k: v.clone() for k, v in want.items()}
+    ids = sorted(got["topk_ids"][0].tolist())
+    last = ids[-1]
+    spare = next(e for e in range(896) if e not in ids)
+    got["topk_ids"][0] = torch.tensor([spare if e == last else e for e in got["topk_ids"][0].tolist()], dtype=got["topk_ids"].dtype)
+    msg = next(m for m in ref.check(inputs, params, got, want, TOL) if m.startswith("topk_ids[0]: missing experts"))
+    expected, got_list = msg.split("(expected ")[1].split(" in any order, got ")
+    got_list = got_list.split(");")[0]
+    assert expected != got_list and "..." not in expected and str(last) in expected and str(spare) in got_list, msg
