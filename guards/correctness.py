@@ -32,7 +32,7 @@ from typing import Any
 from guards import progress, scope_shapes
 from guards.base import GuardContext
 from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
-from guards.sandbox import run_child, run_ranks
+from guards.sandbox import run_child, run_ranks, tail_lines
 from guards.verdict import Evidence, Status, Verdict
 
 SHRINK_CHILD_RUNS = 8
@@ -194,7 +194,7 @@ def _problem_verdict(name: str, outcome, rank: int | None = None) -> Verdict:
         evidence=(
             Evidence(name="child_problem", value=why),
             Evidence(name="child_duration", value=round(outcome.duration_s, 2), unit="s"),
-            Evidence(name="stderr_tail", value=outcome.stderr_tail[-1500:]),
+            Evidence(name="stderr_tail", value=tail_lines(outcome.stderr_tail, 1500)),
             *([Evidence(name="child_error", value=str(outcome.response.get("error"))[-2000:])] if outcome.response else []),
         ),
     )

@@ -133,7 +133,7 @@ from typing import Any
 
 from guards import progress
 from guards.base import GuardContext
-from guards.sandbox import run_child
+from guards.sandbox import run_child, tail_lines
 from guards.verdict import Evidence, Status, Verdict
 from workbench import envs
 
@@ -465,7 +465,7 @@ class ModelEvalGuard:
             return Verdict(guard=self.name, status=Status.FAIL,
                            summary=f"The model in bfloat16 with the candidate's kernel did not complete: {why.rstrip('.')}.",
                            evidence=(Evidence(name="bf16_child_problem", value=why),
-                                     Evidence(name="bf16_stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+                                     Evidence(name="bf16_stderr_tail", value=tail_lines(cand_out.stderr_tail, 1500)), *ev))
         ls_decode = int(cand["implementations"]["decode"].get(f"{ctx.task.op}:{LS}", 0))
         ev.append(Evidence(name="bf16_candidate_decode_calls", value=ls_decode, unit="count"))
         ev.append(Evidence(name="bf16_child_duration", value=round(std_out.duration_s + cand_out.duration_s, 2), unit="s"))
@@ -528,7 +528,7 @@ class ModelEvalGuard:
         if std is None:
             why = std_out.problem or str(std_out.response.get("error", "")).strip()[:500]
             raise RuntimeError(f"the standard-path model run failed (no candidate code ran in it): {why} "
-                               f"{std_out.stderr_tail[-800:]}")
+                               f"{tail_lines(std_out.stderr_tail, 800)}")
         if std.get("kernel_module_imported"):
             raise RuntimeError("the standard-path model run imported the candidate's kernel module; the baseline "
                                "is not independent of the candidate")
@@ -547,7 +547,7 @@ class ModelEvalGuard:
                            summary=f"The model with the candidate's kernel did not complete: {why.rstrip('.')}.",
                            evidence=(Evidence(name="child_problem", value=why),
                                      Evidence(name="child_error", value=str((cand_out.response or {}).get("error"))[-2000:]),
-                                     Evidence(name="stderr_tail", value=cand_out.stderr_tail[-1500:]), *base_ev))
+                                     Evidence(name="stderr_tail", value=tail_lines(cand_out.stderr_tail, 1500)), *base_ev))
         op_ls = f"{ctx.task.op}:{LS}"
         ls_decode = int(cand["implementations"]["decode"].get(op_ls, 0))
         ls_prefill = int(cand["implementations"]["prefill"].get(op_ls, 0))
@@ -699,7 +699,7 @@ class ModelEvalGuard:
                            summary=f"Speculative decoding with the candidate's verification did not complete: "
                                    f"{why.rstrip('.')}.",
                            evidence=(Evidence(name="child_problem", value=why),
-                                     Evidence(name="stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+                                     Evidence(name="stderr_tail", value=tail_lines(cand_out.stderr_tail, 1500)), *ev))
         calls = int(cand["verify_implementations"].get(f"{ctx.task.op}:{LS}", 0))
         ev.append(Evidence(name="candidate_verify_calls", value=calls, unit="count",
                            path=f"of {sum(cand['verify_implementations'].values())} verification steps"))
@@ -751,7 +751,7 @@ class ModelEvalGuard:
             if std is None:
                 why = std_out.problem or str((std_out.response or {}).get("error", "")).strip()[-1500:]
                 raise RuntimeError(f"the standard-path vLLM run failed (no candidate code ran in it): {why} "
-                                   f"{std_out.stderr_tail[-800:]}")
+                                   f"{tail_lines(std_out.stderr_tail, 800)}")
             _check_standard_vllm(ctx.task.op, std, s)
             cand_out = self._vllm_run(ctx, LS, prompts, ckpt, s)
         version = str(std["vllm_version"])
@@ -771,7 +771,7 @@ class ModelEvalGuard:
                            evidence=(Evidence(name="vllm_child_problem", value=why),
                                      Evidence(name="vllm_child_error",
                                               value=str((cand_out.response or {}).get("error"))[-2000:]),
-                                     Evidence(name="vllm_stderr_tail", value=cand_out.stderr_tail[-1500:]), *ev))
+                                     Evidence(name="vllm_stderr_tail", value=tail_lines(cand_out.stderr_tail, 1500)), *ev))
         op_ls = f"{ctx.task.op}:{LS}"
         ev.append(Evidence(name="vllm_trace_latency_specialized", value=trace_summary(cand["trace"]),
                            path="per forward step"))
@@ -916,7 +916,7 @@ def _standard_response(out, what: str) -> dict:
     if std is None or std.get("kernel_module_imported"):
         why = ("it imported the candidate's kernel module" if std is not None else
                out.problem or str((out.response or {}).get("error", "")).strip()[:500])
-        raise RuntimeError(f"the standard-path {what} failed (no candidate code ran in it): {why} {out.stderr_tail[-800:]}")
+        raise RuntimeError(f"the standard-path {what} failed (no candidate code ran in it): {why} {tail_lines(out.stderr_tail, 800)}")
     return std
 
 

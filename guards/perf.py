@@ -31,7 +31,7 @@ from guards.activation import case_shapes, claims
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
 from guards.perf_status import PerfStatus
-from guards.sandbox import run_child
+from guards.sandbox import run_child, tail_lines
 from guards.verdict import Evidence, Status, Verdict
 from kernels.stats import median, paired_ratio_ci, wilcoxon_greater
 
@@ -256,7 +256,7 @@ class PerfGuard:
                 return Verdict(guard=self.name, status=Status.FAIL,
                                summary=f"Timing run did not complete: {why}.",
                                evidence=(Evidence(name="child_problem", value=why),
-                                         Evidence(name="stderr_tail", value=tail[-1500:])))
+                                         Evidence(name="stderr_tail", value=tail_lines(tail, 1500))))
             timer = "cuda_event" if ctx.device == "cuda" else ("cpu_wall_clock" if task.distributed else "cpu_thread_time")
             total_samples_us = 0.0
             for i, c in enumerate(timed):
@@ -421,7 +421,7 @@ class PerfGuard:
                 return Verdict(guard=self.name, status=Status.FAIL,
                                summary=f"Timing run did not complete ({side} child): {why}.",
                                evidence=(Evidence(name="child_problem", value=why),
-                                         Evidence(name="stderr_tail", value=o.stderr_tail[-1500:] if o else "")))
+                                         Evidence(name="stderr_tail", value=tail_lines(o.stderr_tail, 1500) if o else "")))
             out[side] = o.response.get("serve") or {}
         limits = out["baseline"].get("device_limits")
         max_reg, alpha = task.perf.regression_test(ctx.device)

@@ -111,6 +111,25 @@ class ChildOutcome:
     uid: int | None = None
 
 
+def tail_lines(text: str, limit: int) -> str:
+    """The end of ``text`` in at most ``limit`` characters, starting at a line: a cut inside the first kept
+    line drops that line's head and says so (``...``), so no summary starts mid-word. A last line longer
+    than ``limit`` is cut at a space where it can be.
+
+    Args:
+        text: a child's output (stderr or stdout), any length.
+        limit: the most characters returned (count, > 3).
+    """
+    if len(text) <= limit:
+        return text
+    cut = text[-(limit - 4):]
+    nl = cut.find("\n")
+    if 0 <= nl < len(cut) - 1:
+        return "...\n" + cut[nl + 1:]
+    sp = cut.find(" ")
+    return "... " + (cut[sp + 1:] if 0 <= sp < len(cut) - 1 else cut)
+
+
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as f:
