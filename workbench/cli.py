@@ -177,7 +177,8 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 RepoOpt = Annotated[Path | None, typer.Option("--repo", help="The workbench checkout (default: the repo around the cwd).")]
 NoQueueOpt = Annotated[bool, typer.Option("--no-queue", help="Do not put an accepted candidate in the review queue.")]
 ModelEvalVllmOpt = Annotated[bool, typer.Option("--model-eval-vllm", help="Also run the model eval through vLLM "
-                                                "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on.")]
+                                                "(CPU, when vllm is importable; its environment variable is in "
+                                                "workbench/envs.py).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
 PoolOpt = Annotated[str | None, typer.Option("--pool", help="Where verdicts are judged: local (this process, one "
                     "at a time) or ray://HOST:PORT (a Ray cluster's client address; needs the pool extra). Default: "
@@ -392,8 +393,7 @@ def verify(
     seed: int | None = typer.Option(None, min=0, max=2**31 - 1, help="Run-time seed, 0 to 2**31 - 1."),
     repo: Path | None = typer.Option(None, help="The workbench checkout."),
     no_queue: bool = typer.Option(False, "--no-queue", help="Do not put an accepted candidate in the review queue."),
-    model_eval_vllm: bool = typer.Option(False, "--model-eval-vllm", help="Also run the model eval through vLLM "
-        "(CPU, when vllm is importable): sets WORKBENCH_MODEL_EVAL_VLLM=on."),
+    model_eval_vllm: ModelEvalVllmOpt = False,
     pool: PoolOpt = None,
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
