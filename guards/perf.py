@@ -1008,7 +1008,12 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
         lo, hi = task.scope.batch_range(tmpl.axes)
         if task.scope.rows_axis is not None and claimed and claimed.get("rows_max"):
             hi = max(lo, min(hi, int(claimed["rows_max"])))
-        return [b for b in range(lo, hi + 1) if b not in used] or list(range(lo, hi + 1))
+        # the batch values the domain's constraints allow beside the template's other axes (kda_decode's
+        # S >= B + 1: a template with a pool of 9 slots holds 8 requests at most)
+        legal = [b for b in range(lo, hi + 1)
+                 if task.domain is None or task.domain.satisfied({**tmpl.axes, **tmpl.params, ax: b}, cost=False)]
+        legal = legal or [tmpl.axes[ax]]
+        return [b for b in legal if b not in used] or legal
 
     if len(templates) == 1:
         pool = pool_of(templates[0])

@@ -89,3 +89,16 @@ def test_perf_domain_draws_are_regression_only_and_off_for_the_estimate(moe):
     assert perf_workloads(moe, 1) != perf_workloads(moe, 2)
     allreduce = load_task(REPO_ROOT, "k3_allreduce_rmsnorm")
     assert [w.name for w in perf_workloads(allreduce, 1)] == list(allreduce.perf.workloads)  # distributed: listed only
+
+
+@pytest.mark.parametrize("task_id", ["k3_kda_decode", "k3_small_m_gemm", "k3_lse_merge", "k3_moe_dispatch",
+                                     "k3_dspark_verify"])
+def test_perf_batch_draws_meet_the_domain_constraints(task_id):
+    """Session 23: kda_decode's verification template (a pool of S = 9 slots) had its batch redrawn to 56
+    requests, which its inputs cannot hold (S >= B + 1), and the perf guard ERRORed on an honest kernel.
+    Batch draws keep every domain constraint with the template's other axes."""
+    task = load_task(REPO_ROOT, task_id)
+    claimed = {"query_len_min": task.scope.query_len_min, "query_len_max": task.scope.query_len_max}
+    for seed in range(20):
+        for w in perf_workloads(task, seed, claimed=claimed):
+            assert task.domain.satisfied({**w.axes, **w.params}, cost=False), (seed, w.name, dict(w.axes))
