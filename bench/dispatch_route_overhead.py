@@ -4,7 +4,9 @@ Times one ``k3_model.ops.small_m_gemm.small_m_gemm`` call inside its forward con
 child does (``guards/_child_main.py`` ``_perf_case``), interleaved A B A B in this thread's CPU time
 (``time.thread_time_ns``), for three sides:
 
-- ``standard backend``: ``decode_backend=standard`` (the perf guard's baseline before session 23);
+- ``standard backend``: ``decode_backend=standard`` (the TP path's baseline, ``_perf_case``);
+- ``no kernel merged``: ``decode_backend=latency_specialized`` with no kernel for the op (the call servers'
+  baseline child before session 23: the dispatcher finds nothing merged);
 - ``standard routed as a kernel``: ``decode_backend=latency_specialized`` through
   ``k3_model.dispatch.StandardRoutedAsKernel`` with the kernel's ``SCOPE`` (the baseline since session 23);
 - ``kernel``: ``decode_backend=latency_specialized`` through the task's ``lean-torch-cpu`` fixture, which
@@ -68,6 +70,7 @@ def main() -> None:
     for M, N, K in SHAPES:
         x, w, out = torch.randn(M, K), torch.randn(N, K), torch.empty(M, N)
         sides = {"standard backend": side("standard", kernel, x, w, out, M),
+                 "no kernel merged": side("latency_specialized", None, x, w, out, M),
                  "standard routed as a kernel": side("latency_specialized", stand_in, x, w, out, M),
                  "kernel": side("latency_specialized", kernel, x, w, out, M)}
         for _ in range(args.warmup):

@@ -213,6 +213,7 @@ class PerfGuard:
         dtype = task.inputs[task.scope.dtype_input].dtype
         cases, claimed_flags = [], {}
         self._order = {}
+        self._baseline_route: bool | None = None  # the baseline child took the candidate's route (call servers)
         for w in perf_workloads(task, ctx.seed, draws=self.random_draws,
                                 domain_draws_n=0 if self.random_draws == 0 else None, claimed=claimed):
             self._order[w.name] = len(self._order)
@@ -423,6 +424,7 @@ class PerfGuard:
                                evidence=(Evidence(name="child_problem", value=why),
                                          Evidence(name="stderr_tail", value=tail_lines(o.stderr_tail, 1500) if o else "")))
             out[side] = o.response.get("serve") or {}
+        self._baseline_route = out["baseline"].get("routed_as_kernel")
         limits = out["baseline"].get("device_limits")
         max_reg, alpha = task.perf.regression_test(ctx.device)
         for i, c in enumerate(timed):
@@ -579,7 +581,13 @@ class PerfGuard:
     def _verdict(self, task, results: list, timed) -> Verdict:
         results.sort(key=lambda r: self._order[r["name"]])
         self._artifacts.perf = results
-        return perf_verdict(task, results, [c.name for c in timed], guard=self.name)
+        v = perf_verdict(task, results, [c.name for c in timed], guard=self.name)
+        if self._baseline_route is None:
+            return v
+        route = ("the standard path through the candidate's dispatch route (dispatch.StandardRoutedAsKernel)"
+                 if self._baseline_route else "the base's own dispatch route (a kernel merged at the base, or a "
+                 "base dispatcher without StandardRoutedAsKernel)")
+        return v.model_copy(update={"evidence": (*v.evidence, Evidence(name="baseline_route", value=route))})
 
 
 FAILING_VERDICTS = tuple(s.value for s in PerfStatus if s.failing)
@@ -1010,9 +1018,15 @@ def perf_workloads(task, seed: int, *, draws: int | None = None, domain_draws_n:
             hi = max(lo, min(hi, int(claimed["rows_max"])))
         # the batch values the domain's constraints allow beside the template's other axes (kda_decode's
         # S >= B + 1: a template with a pool of 9 slots holds 8 requests at most)
-        legal = [b for b in range(lo, hi + 1)
-                 if task.domain is None or task.domain.satisfied({**tmpl.axes, **tmpl.params, ax: b}, cost=False)]
-        legal = legal or [tmpl.axes[ax]]
+        # and that cost no more than the template or the cost cap (lse_merge's verification template, 64 rows
+        # at 96 heads, redrawn to 512 rows would hold 50M elements a call: session 23's review)
+        def fits(b: int) -> bool:
+            if task.domain is None:
+                return b <= tmpl.axes[ax]
+            values = {**tmpl.axes, **tmpl.params, ax: b}
+            return task.domain.satisfied(values, cost=False) and (b <= tmpl.axes[ax] or task.domain.satisfied(values))
+
+        legal = [b for b in range(lo, hi + 1) if fits(b)] or [tmpl.axes[ax]]
         return [b for b in legal if b not in used] or legal
 
     if len(templates) == 1:

@@ -118,8 +118,13 @@ def tail_lines(text: str, limit: int) -> str:
 
     Args:
         text: a child's output (stderr or stdout), any length.
-        limit: the most characters returned (count, > 3).
+        limit: the most characters returned (count, >= 8).
+
+    Raises:
+        ValueError: ``limit`` below 8.
     """
+    if limit < 8:
+        raise ValueError(f"tail_lines: limit must be >= 8 characters; got {limit}")
     if len(text) <= limit:
         return text
     cut = text[-(limit - 4):]

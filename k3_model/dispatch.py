@@ -673,7 +673,7 @@ class StandardRoutedAsKernel:
     sides pay the same dispatch and the comparison is of the implementations alone. The kernel route
     (forward context included) cost 1.8-2.9 us more per call than the ``decode_backend=standard`` route on
     the 2-core CI machine, which made a kernel that runs the standard computation on tiny GEMMs read
-    0.90-0.97x (session 23's landing CI rejected one at 0.876x); through the stand-in it reads 0.99-1.00x.
+    0.90-0.97x (the landing CI of session 22's work rejected one at 0.876x); through the stand-in it reads 0.99-1.00x.
     Source: ``bench/dispatch_route_overhead.py``, ``bench/results/cpu/dispatch_route_overhead_session23.json``.
 
     Args:

@@ -102,3 +102,19 @@ def test_perf_batch_draws_meet_the_domain_constraints(task_id):
     for seed in range(20):
         for w in perf_workloads(task, seed, claimed=claimed):
             assert task.domain.satisfied({**w.axes, **w.params}, cost=False), (seed, w.name, dict(w.axes))
+
+
+def test_perf_batch_draws_cost_no_more_than_their_template_or_the_cost_cap():
+    """Session 23's review: lse_merge's verification template (64 rows at 96 heads) was redrawn to ~500 rows,
+    50M elements a call, above the cost ceiling; the judge keeps every call's outputs. A batch draw now costs
+    at most its template, or stays under the cost constraints."""
+    task = load_task(REPO_ROOT, "k3_lse_merge")
+    claimed = {"query_len_min": 1, "query_len_max": 8}
+    listed = {w.name: w for w in task.correctness.workloads}
+    for seed in range(10):
+        for w in perf_workloads(task, seed, claimed=claimed):
+            if not w.name.startswith("random-perf-") or w.name.startswith("random-perf-domain-"):
+                continue
+            tmpl = listed[w.name.split("-", 3)[3]]
+            values = {**w.axes, **w.params}
+            assert w.axes["B"] <= tmpl.axes["B"] or task.domain.satisfied(values), (seed, w.name, dict(w.axes))
