@@ -439,3 +439,26 @@ def test_position_dependent_rounding_fails_the_pair_and_shrinks_within_it(projec
     shrunk = next(e for e in v.evidence if e.name == "shrunk")
     t = int(shrunk.value.split("'T': ")[1].split(",")[0])
     assert t >= 2, shrunk
+
+
+def test_a_pair_on_the_standard_path_is_not_the_candidates():
+    """CI rehearsal of session 23: an honest decode-only allreduce kernel was rejected by the token
+    permutation pair on a verification step it does not claim, where the standard path (gloo's fp32 ring
+    all-reduce, whose summation order follows a token's position) ran both calls. A pair is held against the
+    contract only when the candidate's kernel ran in it."""
+    from guards.correctness import CorrectnessGuard
+
+    task = _task("k3_allreduce_rmsnorm")
+    c = next(c for seed in range(50) for c in _cases(task, seed, n=1)
+             if c.inputs_a["x"].shape[-2] >= 3 and c.inputs_a["x"].shape[-1] >= 4)
+    ref = load_task_module(task, "reference")
+    a, b = _ref(task, c.inputs_a, c.kwargs), _ref(task, c.inputs_b, c.kwargs)
+    b["x"].view(torch.int16)[1, 0] ^= 1  # one bf16 ulp on the twin: the pair breaks
+
+    def ranks(impl):
+        trace = [{"op": task.op, "implementation": impl, "reason": "r"}]
+        return [{"calls": [{"outputs": a, "trace": trace}, {"outputs": b, "trace": trace}, {"outputs": a, "trace": trace}]}]
+
+    assert CorrectnessGuard._relation_lines(task, ref, c, ranks("standard")) == []
+    lines = CorrectnessGuard._relation_lines(task, ref, c, ranks("latency_specialized"))
+    assert len(lines) == 1 and lines[0].startswith("[metamorphic token_permutation] x[1, 0] of the twin"), lines

@@ -36,10 +36,10 @@ def test_listed_workloads_come_first_and_draws_redraw_the_batch_inside_the_scope
         listed_t = {moe.workload(n).axes["T"] for n in moe.perf.workloads}
         assert all(w.axes["T"] not in listed_t for w in drawn)
         # one decode step (the largest listed decode step's other sizes, T redrawn in 1-64), one verification step
-        # (k3_r64_d7's, T redrawn in 1-512 at Q = 8): a kernel slow off the timed batches is met on both
+        # (mini_r64_d7's, T redrawn in 1-512 at Q = 8): a kernel slow off the timed batches is met on both
         decode, verify = drawn
         assert decode.axes["Q"] == 1 and 1 <= decode.axes["T"] <= 64 and decode.name.endswith("-k3_t64")
-        assert verify.axes["Q"] == 8 and 1 <= verify.axes["T"] <= 512 and verify.name.endswith("-k3_r64_d7")
+        assert verify.axes["Q"] == 8 and 1 <= verify.axes["T"] <= 512 and verify.name.endswith("-mini_r64_d7")
         assert (decode.phase, verify.phase) == ("decode", "spec_verify")
         assert moe.scope.step(verify.axes, verify.phase)[0] == "spec_verify"
     decode_only = perf_workloads(moe, 3, claimed={**LEAN_CLAIM, "phases": ["decode"], "query_len_max": 1})

@@ -79,8 +79,8 @@ def test_claims_and_the_dispatcher_agree_on_shapes():
 
 TAIL_BUG = Path("tasks/k3_allreduce_rmsnorm/fixtures/bad/correctness-assumes-hidden-multiple-of-8.inject.toml")
 KERNEL = "k3_model/kernels/allreduce_rmsnorm/__init__.py"
-OLD_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2, 4, 8), dtypes=("bfloat16",),
-                requests_min=1, requests_max=64)"""
+OLD_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode", "spec_verify"), tp_sizes=(1, 2, 4, 8), dtypes=("bfloat16",),
+                requests_min=1, requests_max=64, query_len_min=1, query_len_max=8, rows_max=64)"""
 TP2_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(2,), dtypes=("bfloat16",),
                 requests_min=1, requests_max=64)"""
 NEW_SCOPE = """SCOPE = OpScope(devices=("cpu",), phases=("decode",), tp_sizes=(1, 2), dtypes=("bfloat16",),

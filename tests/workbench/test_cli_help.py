@@ -1,5 +1,5 @@
 """Every command's --help reads whole in an 80-column log (helper-25, session 22: `run --help` cut
-WORKBENCH_MODEL_EVAL_VLLM to `WORKBENCH_MODEL_EVAL_VL…`)."""
+the name of the vLLM model-eval environment variable with an ellipsis)."""
 
 from __future__ import annotations
 
