@@ -817,6 +817,12 @@ def _serve(fn, fc, rt, req, nonce):
     return {"implementations": impls, "errors": errors, "event_us": events, "routed_as_kernel": routed, **extra}
 
 
+def _short(scope, limit=300):
+    """A declared scope (JSON form) as one line of at most ``limit`` characters."""
+    text = repr(scope)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _tuples(value):
     """A scope in JSON form (lists) with its lists back as tuples, as ``OpScope`` literals are written."""
     if isinstance(value, dict):
@@ -902,6 +908,11 @@ def main() -> int:
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
+        if "expect_scope" in req and response["scope"] != req["expect_scope"]:
+            raise RuntimeError(
+                f"the kernel's SCOPE in this process ({_short(response['scope'])}) differs from the one its correctness "
+                f"run declared ({_short(req['expect_scope'])}): SCOPE must be constant data, the same in every process "
+                "(the guards judged the one, serving would use the other)")
         _CHECK.update(hooks=hooks, torch_state=state0, threads=threads0, snapshot=before, watched=watched)
         problem = _after_call_problem()  # what importing the candidate's code did
         if problem:

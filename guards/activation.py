@@ -102,6 +102,15 @@ def scope_excess(claimed: dict, task_scope, task=None) -> list[str]:
     return out
 
 
+def scope_expectation(ctx, backend: str = LS) -> dict:
+    """The request field that makes a child importing the candidate's kernel fail unless it parses the very
+    ``SCOPE`` the correctness run declared (``ctx.artifacts.scope``; ``guards/_child_main.py``): ``{}`` for a
+    standard-path request (``backend`` other than ``latency_specialized``). A SCOPE computed at import (from
+    a random draw, the time, the environment) could differ between processes, so the scope judged and the
+    scope timed or served would differ (session 24's red team, helper-27)."""
+    return {"expect_scope": ctx.artifacts.scope} if backend == LS else {}
+
+
 def claimed_scope(claimed: dict, op: str | None = None) -> OpScope:
     """The scope the child reported (``OpScope.to_dict`` with lists), parsed by the dispatcher's rules
     (with ``op``: its ``shapes`` axes checked against the op's, whose module must be imported).

@@ -132,6 +132,7 @@ from pathlib import Path
 from typing import Any
 
 from guards import progress
+from guards.activation import scope_expectation
 from guards.base import GuardContext
 from guards.sandbox import run_child, tail_lines
 from guards.verdict import Evidence, Status, Verdict
@@ -375,7 +376,8 @@ class ModelEvalGuard:
              dtype: str = "float32"):
         request = {"mode": "model_eval", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
                    "decode_backend": backend, "prompts": prompts, "forced": forced, "weights_seed": weights_seed,
-                   "settings": dataclasses.asdict(s), "dtype": dtype, "record_routing": dtype == "float32"}
+                   "settings": dataclasses.asdict(s), "dtype": dtype, "record_routing": dtype == "float32",
+                   **scope_expectation(ctx, backend)}
         progress.phase(f"K3-mini on the {'candidate' if backend == 'latency_specialized' else 'standard'} path "
                        f"in {dtype} ({len(prompts)} prompts, {s.generate_tokens} tokens each"
                        f"{', forced' if forced is not None else ''})")
@@ -661,7 +663,7 @@ class ModelEvalGuard:
             request = {"mode": "model_eval", "target": ctx.task.target, "op": ctx.task.op, "device": ctx.device,
                        "decode_backend": backend, "prompts": prompts, "weights_seed": wseed,
                        "settings": dataclasses.asdict(sp), "dtype": "float32", "speculative": spec,
-                       "reference": reference}
+                       "reference": reference, **scope_expectation(ctx, backend)}
             progress.phase(f"K3-mini speculative decoding, verification on the "
                            f"{'candidate' if backend == LS else 'standard'} path ({R} requests, D = "
                            f"{SPEC_DRAFT_TOKENS}, {sp.generate_tokens} tokens each)")
@@ -732,7 +734,7 @@ class ModelEvalGuard:
                    "decode_backend": backend, "prompts": prompts, "checkpoint": str(checkpoint),
                    "settings": dataclasses.asdict(s),
                    "vllm": {"max_model_len": s.context_tokens + s.generate_tokens, "dtype": VLLM_DTYPE,
-                            "kv_cache_memory_bytes": vllm_kv_cache_bytes(s)}}
+                            "kv_cache_memory_bytes": vllm_kv_cache_bytes(s)}, **scope_expectation(ctx, backend)}
         progress.phase(f"K3-mini through vLLM, {backend} ({len(prompts)} prompts)")
         return run_child(ctx.child_root, request, timeout_s=s.timeout_s, memory_bytes=ctx.task.timeouts.memory_bytes,
                          device=ctx.device)

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from guards import progress
-from guards.activation import case_shapes, claims
+from guards.activation import case_shapes, claims, scope_expectation
 from guards.base import GuardContext
 from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
 from guards.perf_status import PerfStatus
@@ -252,7 +252,7 @@ class PerfGuard:
             base_req = {"mode": "perf", "target": task.target, "op": task.op, "device": ctx.device,
                         "decode_backend": "latency_specialized",
                         "perf": {"warmup": task.perf.warmup, "repetitions": task.perf.repetitions},
-                        "baseline_kernel_dir": str(base_kernel) if base_kernel else None}
+                        "baseline_kernel_dir": str(base_kernel) if base_kernel else None, **scope_expectation(ctx)}
             by_name, problem, child_s = _time_cases(ctx, base_req, timed, rotations)
             if problem is not None:
                 why, tail = problem
@@ -310,7 +310,8 @@ class PerfGuard:
         from guards.judge import call_server, export_tree, time_workload
 
         task = ctx.task
-        req = {"target": task.target, "op": task.op, "device": ctx.device, "decode_backend": "latency_specialized"}
+        req = {"target": task.target, "op": task.op, "device": ctx.device, "decode_backend": "latency_specialized",
+               **scope_expectation(ctx)}
         specs = [_served_spec(c) for c in timed]
         sessions: list = []
         records: dict = {}
@@ -957,7 +958,8 @@ def baseline_request(req: dict, declared: dict | None) -> dict:
     per call more than the standard route on the CI machine: 0.90-0.97x for a kernel that runs the
     standard computation on tiny GEMMs).
     """
-    return {**req, "measure_floor": req["device"] == "cuda", "route_as": declared or None}
+    base = {k: v for k, v in req.items() if k != "expect_scope"}  # a kernel merged at the base declares its own
+    return {**base, "measure_floor": req["device"] == "cuda", "route_as": declared or None}
 
 
 def draws_within_claim(task, claimed: dict | None):

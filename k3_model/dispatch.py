@@ -545,10 +545,11 @@ _KEYS: dict[tuple[str, str], str] = {}
 """(op, device) -> :func:`kernel_key`'s answer, looked up once per process."""
 _SCOPES: dict[int, tuple[Any, OpScope]] = {}
 """id(module) -> (module, its parsed scope); the module is kept so its id is never reused while cached."""
-_ROUTES: dict[tuple, tuple[OpScope, bool, str]] = {}
+_ROUTES: dict[tuple, tuple[OpScope, str, str]] = {}
 """:func:`select`'s memo of :func:`route`: (op, id(scope), phase, requests, query length, rows, device, dtype,
 TP size, shape items)
--> (the scope, in scope?, reason). A decode step calls each op with the same few keys, and the scope
+-> (the scope, the implementation, its reason: a stand-in's too, :class:`StandardRoutedAsKernel`). A decode step
+calls each op with the same few keys, and the scope
 checks with their reasons cost ~10 us a call on the 2-core CI machine (a 576 x 19 GEMM at M = 2: 26.9 us
 through a merged kernel against 16.7 us on the standard path, measured 2026-12-04), more than a
 decode-size kernel gains on CPU. The scope is kept so its id is never reused while cached; the memo is
@@ -593,7 +594,10 @@ def _scope_of(op: str, mod: Any) -> OpScope:
     hit = _SCOPES.get(id(mod))
     if hit is not None and hit[0] is mod:
         return hit[1]
-    scope = parse_scope(getattr(mod, "SCOPE", None), where=_where(op), op=op)
+    if type(mod) is StandardRoutedAsKernel:  # parsed already: its constructor takes parse_scope's result
+        scope = mod.SCOPE
+    else:
+        scope = parse_scope(getattr(mod, "SCOPE", None), where=_where(op), op=op)
     _SCOPES[id(mod)] = (mod, scope)
     return scope
 
@@ -747,27 +751,27 @@ def select(op: str, entry: str, standard: Callable[..., Any], rows: int, device:
                     hit = _ROUTES.get(key)
                 except TypeError:  # an unhashable shape value: route() says what is wrong with it
                     key, hit = None, None
+                stand_in = type(mod) is StandardRoutedAsKernel
                 if hit is not None and hit[0] is scope:
-                    ok, why = hit[1], hit[2]
+                    impl, reason = hit[1], hit[2]
                 else:
                     ok, why = route(op, scope, BatchInfo(phase, requests, query_len, rows, device, dtype, tp, shapes))
+                    if ok and stand_in:  # the stand-in's reason is memoized too: both sides pay one lookup a call
+                        impl, reason = STANDARD, f"the standard path routed as a kernel ({why})"
+                    else:
+                        impl, reason = (LATENCY_SPECIALIZED if ok else STANDARD), why
                     if key is not None:
                         if len(_ROUTES) >= _ROUTES_MAX:
                             _ROUTES.clear()
-                        _ROUTES[key] = (scope, ok, why)
-                stand_in = type(mod) is StandardRoutedAsKernel
+                        _ROUTES[key] = (scope, impl, reason)
                 fn = standard if stand_in else getattr(mod, entry, None)
                 if not callable(fn):
                     raise DispatchError(
                         f"k3_model.kernels.{kernel_key(op, device)}: entry point {entry!r} is missing or not callable; "
                         f"define def {entry}(...) with the op's signature."
                     )
-                if ok and stand_in:
-                    impl, reason = STANDARD, f"the standard path routed as a kernel ({why})"
-                elif ok:
-                    impl, reason = LATENCY_SPECIALIZED, why
-                else:
-                    impl, reason, fn = STANDARD, why, standard
+                if impl == STANDARD:
+                    fn = standard
     decision = Decision(op, impl, reason, rows, phase, device, requests, query_len)
     logger.debug("dispatch %s -> %s (%s)", op, impl, reason)
     for trace in _TRACES.get():

@@ -154,3 +154,26 @@ def test_a_response_over_the_cap_is_named_as_such_and_never_blocks_the_child(mon
     over = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu")
     assert over.problem.startswith("child response exceeded 1024 bytes"), over.problem
     assert not over.timed_out and time.monotonic() - t0 < 0.5 * 120 + full.duration_s
+
+
+@pytest.mark.slow
+def test_a_scope_that_differs_between_processes_fails_the_child(tmp_path):
+    """Every child that imports the candidate's kernel for a later guard (perf, model eval) is sent the scope the
+    correctness run declared (``expect_scope``, ``guards.activation.scope_expectation``) and fails unless its
+    own parse equals it: a SCOPE computed at import (from the process id, a random draw, the time) would
+    otherwise be judged in one process and timed or served in another (session 24's red team, helper-27).
+    Here the kernel's SCOPE is constant and the other process's parse is what the request says."""
+    src = ("from k3_model.dispatch import OpScope\n"
+           "SCOPE = OpScope(devices=('cpu',), phases=('decode',), requests_max=8)\n"
+           "def moe_route_dispatch(*a, **k):\n    raise RuntimeError('never called')\n")
+    wt = _worktree(tmp_path, src)
+    first = _run(wt)
+    declared = first.response["scope"]
+    assert first.response["ok"] and declared["requests_max"] == 8
+    same = run_child(wt, {**_request(), "expect_scope": declared}, timeout_s=60, memory_bytes=8 * 2**30, device="cpu")
+    other = {**declared, "requests_max": 64}  # what a SCOPE drawn at import gave the correctness run
+    drift = run_child(wt, {**_request(), "expect_scope": other}, timeout_s=60, memory_bytes=8 * 2**30, device="cpu")
+    assert not drift.response["ok"], drift.response
+    first_line = drift.response["error"].splitlines()[0]
+    assert "differs from the one its correctness run declared" in first_line and "SCOPE must be constant" in first_line
+    assert same.response["ok"], same.response["error"]

@@ -387,6 +387,16 @@ def test_standard_routed_as_a_kernel_takes_the_kernel_route_and_runs_the_standar
     with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
         _call(9)
     assert tr.decisions[0].reason == "out of declared scope: requests 9 outside [1, 8]" and calls == []
+    # the stand-in costs what the kernel route costs: its scope is not parsed again, its reason is memoized
+    # (session 24's red team: a new f-string a call, ~0.1 us, and a second parse of the scope in warm-up)
+    monkeypatch.setattr(dispatch, "parse_scope", lambda *a, **k: pytest.fail("the stand-in's scope parsed again"))
+    monkeypatch.setattr(dispatch, "_SCOPES", {})
+    reasons = []
+    for _ in range(2):
+        with record_trace() as tr, forward_context(decode_backend="latency_specialized", phase="decode"):
+            _call(8)
+        reasons.append(tr.decisions[0].reason)
+    assert reasons[0] is reasons[1] and reasons[0].startswith("the standard path routed as a kernel")
     with pytest.raises(TypeError, match="expected an OpScope"):
         dispatch.StandardRoutedAsKernel({"devices": ("cpu",)})
 
