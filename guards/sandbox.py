@@ -73,7 +73,20 @@ def scrubbed_env(home: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_ALLOW if k in os.environ}
     env.update(HOME=str(home), TMPDIR=str(home), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     env.update(NO_MULTICAST_ENV)
+    env.update(CHILD_MALLOC_ENV)
     return env
+
+
+CHILD_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(256 * 2**20)}
+"""glibc's allocator thresholds, fixed in every child (bytes). By default glibc moves its mmap threshold at run
+time (each freed mmapped block raises it), so whether a tensor's memory comes from the heap or from its own
+mapping, and whether freeing it unmaps pages inside a timed call (the perf child releases the earlier call's
+tensors there), depends on the process's history: two children running the same ``torch.mm`` on the same
+inputs read 0.952x (interval 0.914-0.984, a false regression) and 1.041x on an idle 2-core machine. With the
+thresholds fixed both follow one rule: blocks under 32 MiB come from the heap and stay mapped (up to 256 MiB
+kept free), larger ones are mapped and unmapped on every call alike.
+Source: glibc mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD; setting one disables the dynamic adjustment);
+``bench/perf_aa_children.py``, ``bench/results/cpu/perf_aa_children_session24.json``."""
 
 
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
