@@ -107,8 +107,11 @@ def scope_expectation(ctx, backend: str = LS) -> dict:
     ``SCOPE`` the correctness run declared (``ctx.artifacts.scope``; ``guards/_child_main.py``): ``{}`` for a
     standard-path request (``backend`` other than ``latency_specialized``). A SCOPE computed at import (from
     a random draw, the time, the environment) could differ between processes, so the scope judged and the
-    scope timed or served would differ (session 24's red team, helper-27)."""
-    return {"expect_scope": ctx.artifacts.scope} if backend == LS else {}
+    scope timed or served would differ (session 24's red team, helper-27). ``{}`` too when no scope was
+    declared (a guard run without the correctness guard before it; in the pipeline the activation guard has
+    failed such a candidate already)."""
+    declared = ctx.artifacts.scope
+    return {"expect_scope": declared} if backend == LS and declared is not None else {}
 
 
 def claimed_scope(claimed: dict, op: str | None = None) -> OpScope:

@@ -366,7 +366,7 @@ class ModelEvalGuard:
     """Runs K3-mini end to end with the candidate vs the standard path (see the module docstring)."""
 
     name = "model_eval"
-    reads: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ("scope",)  # held against every candidate child's own parse (scope_expectation)
     writes: tuple[str, ...] = ()
 
     def __init__(self, settings: ModelEvalSettings | None = None) -> None:
