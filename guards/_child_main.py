@@ -817,6 +817,13 @@ def _serve(fn, fc, rt, req, nonce):
     return {"implementations": impls, "errors": errors, "event_us": events, "routed_as_kernel": routed, **extra}
 
 
+def _canonical(scope):
+    """A declared scope (JSON form, tuples or lists alike) as one comparable string."""
+    import json
+
+    return json.dumps(scope, sort_keys=True, default=str)
+
+
 def _short(scope, limit=300):
     """A declared scope (JSON form) as one line of at most ``limit`` characters."""
     text = repr(scope)
@@ -908,7 +915,7 @@ def main() -> int:
         response["scope"] = None if scope is None else {
             k: list(v) if isinstance(v, tuple) else v for k, v in scope.to_dict().items()
         }
-        if "expect_scope" in req and response["scope"] != req["expect_scope"]:
+        if "expect_scope" in req and _canonical(response["scope"]) != _canonical(req["expect_scope"]):
             raise RuntimeError(
                 f"the kernel's SCOPE in this process ({_short(response['scope'])}) differs from the one its correctness "
                 f"run declared ({_short(req['expect_scope'])}): SCOPE must be constant data, the same in every process "

@@ -7,9 +7,10 @@ route (``k3_model.dispatch.StandardRoutedAsKernel``: same scope check, same cost
 per-call cost is not charged to the candidate; candidate = the dispatcher with ``decode_backend=latency_specialized``,
 same inputs, same child process, interleaved A B A B after warm-up. Per configuration: medians, a
 bootstrap interval of the per-pair speedup (baseline / candidate), and a one-sided Wilcoxon
-signed-rank test that the candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is significant at
-``alpha``; inside the claimed scope the speedup must reach ``min_speedup`` with the interval's lower
-bound above 1. On CPU the timer is the CPU clock (the mechanism is what CI tests); on CUDA events.
+signed-rank test that the candidate is slower. A regression is a slowdown beyond ``max_regression_pct`` that is
+significant at ``alpha`` and, short of twice that slowdown, whose interval lies below 1 (:func:`classify`);
+inside the claimed scope the speedup must reach ``min_speedup`` with the interval's lower bound above 1.
+On CPU the timer is the CPU clock (the mechanism is what CI tests); on CUDA events.
 
 Source: issue 2 guard 4; kernels/stats.py for the statistics.
 """
@@ -139,13 +140,16 @@ def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_
 
     The speedup is the median of per-pair ratios baseline[i] / candidate[i] (pairs were timed back to
     back, so load from other processes cancels); its interval is a bootstrap over pairs; the slowdown
-    test is a one-sided Wilcoxon signed-rank test on the log ratios. A regression needs all three: the
-    median below the threshold, the test's p below ``alpha`` and the interval wholly below 1 (parity
-    excluded). The test alone called 0.882x with the interval 0.788-1.069 a regression in session 24's CI
-    rehearsal, on a draw where both sides ran the same ``torch.mm`` in two processes
-    (``bench/results/cpu/perf_aa_children_session24.json``: 0.940x, interval 0.869-1.012, on an idle
-    machine); a workload whose median is below the threshold is re-measured before it is decided
-    (:func:`_needs_another_round`), so a real slowdown's interval narrows below 1.
+    test is a one-sided Wilcoxon signed-rank test on the log ratios. A regression is a median below the
+    threshold ``1 / (1 + max_regression_pct / 100)`` with the test's p below ``alpha`` and, unless the median
+    is below twice the threshold (``1 / (1 + 2 max_regression_pct / 100)``), the interval wholly below 1
+    (parity excluded). The test alone called 0.952x (interval 0.914-0.984) and 0.940x (interval
+    0.869-1.012) regressions where both sides ran the same ``torch.mm`` in two processes on an idle machine
+    (``bench/results/cpu/perf_aa_children_session24.json``); a median between one and two thresholds
+    below parity is re-measured before it is decided (:func:`_needs_another_round`), so a real slowdown's
+    interval narrows below 1. Past twice the threshold the test decides alone: a kernel slow on most of
+    its calls and at parity on the rest has a median far below parity and an interval that reaches 1
+    (helper-28's review of the interval condition: 55% of calls 25% slower read 0.84x, interval up to 1.06).
 
     Args:
         base_us, cand_us: paired per-call samples (microseconds), same length.
@@ -162,7 +166,8 @@ def classify(base_us, cand_us, *, claimed: bool, max_regression_pct: float, min_
     """
     speedup, (lo, hi) = paired_ratio_ci(base_us, cand_us, confidence=confidence, resamples=1000, seed=seed)
     p_slower = wilcoxon_greater(cand_us, base_us)
-    if speedup < 1.0 / (1.0 + max_regression_pct / 100.0) and p_slower < alpha and hi < 1.0:
+    far = speedup < 1.0 / (1.0 + 2.0 * max_regression_pct / 100.0)  # twice the threshold: the test decides
+    if speedup < 1.0 / (1.0 + max_regression_pct / 100.0) and p_slower < alpha and (hi < 1.0 or far):
         verdict = PerfStatus.REGRESSION
     elif claimed and not (speedup >= min_speedup and lo > 1.0):
         verdict = PerfStatus.NO_GAIN
@@ -238,7 +243,9 @@ class PerfGuard:
         # With a kernel already merged at the base, the baseline is what the base runs (that kernel where
         # its scope covers the configuration): every perf workload is timed, claimed or not.
         timed = [c for c in cases if claimed_flags[c.name] or base_kernel is not None]
-        if base_kernel is None and timed and all(c.name.startswith("random-") for c in timed):
+        listed = set(task.perf.workloads)
+        if (base_kernel is None and ctx.device in (self._artifacts.scope or {}).get("devices", ())
+                and not any(claimed_flags[c.name] for c in cases if c.name in listed)):
             return self._no_listed_claim(task, cases, timed, ctx.device)
         results = []
         for c in cases:
@@ -588,22 +595,24 @@ class PerfGuard:
         return out
 
     def _no_listed_claim(self, task, cases, timed, device: str) -> Verdict:
-        """FAIL, before any timing: with no kernel merged at the base, the declared scope claims run-time draws
-        only (judged for regressions only), none of the task's listed perf workloads, so no gain could be shown.
+        """FAIL, before any timing: with no kernel merged at the base, the declared scope serves this device but
+        claims none of the task's listed perf workloads (at most run-time draws, judged for regressions only),
+        so no gain could be shown. Decided on the listed workloads and the scope's devices, never on which
+        draws a seed made: a kernel whose scope excludes this device altogether is judged elsewhere (SKIP).
 
         Session 24's red team (helper-27): a kernel that called the standard path's ``torch.mm`` with
-        ``rows_max=4`` (the listed small_m_gemm workloads have 8-128 rows), or with shape rules excluding every
+        ``rows_max=4`` (the listed small_m_gemm workloads have 8-16 rows), or with shape rules excluding every
         listed N, was accepted with "none is claimed, so no gain is required". A kernel earns its merge with a
         real gain where it is claimed (DESIGN.md); a change with no gain to show is worth a merge only where a
         kernel is merged already (a bug fix narrowing it), which stays judged for regressions.
         """
-        listed = [c.name for c in cases if not c.name.startswith("random-")]
+        listed = [c.name for c in cases if c.name in set(task.perf.workloads)]
         self._artifacts.perf = []
         return Verdict(
             guard=self.name, status=Status.FAIL,
-            summary=(f"The declared scope claims none of the task's {len(listed)} listed perf workload(s) on {device}, "
-                     f"only {len(timed)} run-time draw(s), which are judged for regressions only: no gain can be "
-                     "shown, so nothing earns the merge. Widen SCOPE to cover a listed workload "
+            summary=(f"The declared scope claims none of the task's {len(listed)} listed perf workload(s) on {device} "
+                     f"(at most run-time draws, {len(timed)} this run, which are judged for regressions only): no gain "
+                     "can be shown, so nothing earns the merge. Widen SCOPE to cover a listed workload "
                      f"({', '.join(listed[:4])}{', ...' if len(listed) > 4 else ''}), or ask for a workload at your "
                      "sizes (docs/scope-requests.md)."),
             evidence=(*(Evidence(name="listed_not_claimed", value=n) for n in listed),

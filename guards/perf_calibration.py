@@ -9,7 +9,10 @@ drift hits all of them. Raw samples are kept.
 
 ``evaluate`` (anywhere): the guard's regression rule (:func:`guards.perf.classify`: paired slowdown
 beyond ``max_regression_pct`` and one-sided Wilcoxon p below ``alpha``) applied to every trial for a grid
-of settings; false-alarm rate = A/A trials called a regression, power = planted trials called one.
+of settings; false-alarm rate = A/A trials called a regression, power = planted trials called one. Since
+session 24 the guard also asks, short of twice the threshold, for the interval to lie below 1; that only
+ever turns a regression into none, so the guard's false alarms are at most what ``evaluate`` reports and
+its power at most that too (the calibration files predate the condition).
 
 Usage::
 

@@ -546,7 +546,7 @@ _KEYS: dict[tuple[str, str], str] = {}
 _SCOPES: dict[int, tuple[Any, OpScope]] = {}
 """id(module) -> (module, its parsed scope); the module is kept so its id is never reused while cached."""
 _ROUTES: dict[tuple, tuple[OpScope, str, str]] = {}
-""":func:`select`'s memo of :func:`route`: (op, id(scope), phase, requests, query length, rows, device, dtype,
+""":func:`select`'s memo of :func:`route`: (op, id(scope), whether a stand-in routes, phase, requests, query length, rows, device, dtype,
 TP size, shape items)
 -> (the scope, the implementation, its reason: a stand-in's too, :class:`StandardRoutedAsKernel`). A decode step
 calls each op with the same few keys, and the scope
@@ -746,12 +746,12 @@ def select(op: str, entry: str, standard: Callable[..., Any], rows: int, device:
                 impl, reason, fn = STANDARD, f"no latency-specialized kernel merged for {op}", standard
             else:
                 scope = _scope_of(op, mod)
-                key = (op, id(scope), phase, requests, query_len, rows, device, dtype, tp, tuple(shapes.items()))
+                stand_in = type(mod) is StandardRoutedAsKernel  # in the key: a stand-in may share a kernel's scope
+                key = (op, id(scope), stand_in, phase, requests, query_len, rows, device, dtype, tp, tuple(shapes.items()))
                 try:
                     hit = _ROUTES.get(key)
                 except TypeError:  # an unhashable shape value: route() says what is wrong with it
                     key, hit = None, None
-                stand_in = type(mod) is StandardRoutedAsKernel
                 if hit is not None and hit[0] is scope:
                     impl, reason = hit[1], hit[2]
                 else:

@@ -95,23 +95,28 @@ def test_the_summary_names_the_mean_ratio_of_a_mean_regression():
 
 
 def test_a_regression_needs_the_interval_below_parity_too():
-    """``classify``: the median below the threshold and a significant one-sided test are not enough when the
-    median's interval still reaches 1 (session 24's rehearsal: 0.882x, interval 0.788-1.069, called a regression
-    where both sides ran the same ``torch.mm``); the same slowdown on steady pairs is one."""
+    """``classify``: a median between one and two thresholds below parity with a significant one-sided test is
+    not a regression while the median's interval still reaches 1 (session 24's A/A study: 0.940x, interval
+    0.869-1.012, where both sides ran the same ``torch.mm``); the same slowdown on steady pairs is one, and so
+    is a median past twice the threshold whatever its interval (helper-28: slow on most calls, at parity on
+    the rest)."""
     import random
 
     from guards.perf import classify
 
     rng = random.Random(0)
     base = [400 + rng.gauss(0, 20) for _ in range(120)]
-    split = [(0.85 if i < 64 else 1.08) * (1 + rng.gauss(0, 0.01)) for i in range(120)]  # two modes across parity
+    split = [(0.93 if i < 66 else 1.04) * (1 + rng.gauss(0, 0.01)) for i in range(120)]  # two modes across parity
     rng.shuffle(split)
     kw = {"claimed": False, "max_regression_pct": 5.0, "min_speedup": 1.05, "confidence": 0.99, "alpha": 0.01}
     wide = classify(base, [b / r for b, r in zip(base, split)], **kw)
-    assert wide["speedup"] < 0.9 and wide["p_slower"] < 1e-6 and wide["speedup_ci"][1] > 1.0
+    assert 1 / 1.1 < wide["speedup"] < 1 / 1.05 and wide["p_slower"] < 1e-6 and wide["speedup_ci"][1] > 1.0
     assert wide["verdict"] == PerfStatus.NEUTRAL
-    steady = classify(base, [b / (0.85 * (1 + rng.gauss(0, 0.01))) for b in base], **kw)
-    assert steady["speedup_ci"][1] < 0.86 and steady["verdict"] == PerfStatus.REGRESSION
+    steady = classify(base, [b / (0.93 * (1 + rng.gauss(0, 0.01))) for b in base], **kw)
+    assert steady["speedup_ci"][1] < 0.94 and steady["verdict"] == PerfStatus.REGRESSION
+    mostly = [(0.8 if i < 66 else 1.09) * (1 + rng.gauss(0, 0.01)) for i in range(120)]
+    far = classify(base, [b / r for b, r in zip(base, mostly)], **kw)
+    assert far["speedup"] < 1 / 1.1 and far["speedup_ci"][1] > 1.0 and far["verdict"] == PerfStatus.REGRESSION
     # such a workload is timed again before it is decided (more pairs narrow a real slowdown's interval)
     from pathlib import Path
 
@@ -122,7 +127,7 @@ def test_a_regression_needs_the_interval_below_parity_too():
     task = load_task(Path(__file__).resolve().parents[2], "k3_small_m_gemm")
     rec = {"baseline": SideRecord(cpu_us=base, wall_us=base),
            "candidate": SideRecord(cpu_us=[b / r for b, r in zip(base, split)], wall_us=[b / r for b, r in zip(base, split)])}
-    assert (_needs_another_round(task, "cpu", rec, False, 0) or "").startswith("slower than the baseline (0.8")
+    assert (_needs_another_round(task, "cpu", rec, False, 0) or "").startswith("slower than the baseline (0.9")
 
 
 def test_every_child_runs_with_fixed_allocator_thresholds(tmp_path):
