@@ -26,6 +26,7 @@ Source: issue 2 guard 2; DESIGN.md "Trust model".
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -40,6 +41,19 @@ SHRINK_CHILD_RUNS = 8
 SHRINK_BUDGET_S = 90.0
 """Wall-clock budget of the shrinking (seconds): past it, the smallest failure found so far is reported."""
 MAX_MISMATCH_LINES = 8
+
+
+def response_bytes(cases, calls: int) -> int:
+    """What a correctness child's response may hold (bytes): every output of ``calls`` calls of every case
+    (three eager calls, and a CUDA-graph replay where one is wanted), twice over for its framing, plus 64 MiB.
+    The child is held to it or to ``guards.sandbox.MAX_RESPONSE_BYTES``, whichever is larger: KDA's state
+    pools (up to 65 slots of 12 x 128 x 128 fp32 a case) took the H100 run of session 24 past a fixed 1 GiB
+    with the replay's outputs (``bench/results/h100/session24/``)."""
+    import torch
+
+    per_call = sum(math.prod(s["shape"]) * torch.empty((), dtype=getattr(torch, s["dtype"])).element_size()
+                   for c in cases for s in c.output_specs.values())
+    return 2 * calls * per_call + 64 * 2**20
 
 
 def generic_check(task, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
@@ -255,7 +269,7 @@ class CorrectnessGuard:
             graph = graph_check_wanted(task, ctx.device)
             outcome = run_child(ctx.child_root, {**base, "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
                                 timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
-                                device=ctx.device)
+                                device=ctx.device, max_response_bytes=response_bytes(cases, 3 + int(graph)))
             if _failed(outcome):
                 return None, _problem_verdict(self.name, outcome), outcome.duration_s, outcome
             for c in outcome.response.get("cases", []):

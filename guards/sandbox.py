@@ -220,7 +220,8 @@ def _read_frame(raw: bytes, nonce: bytes) -> tuple[bytes | None, str | None]:
     return raw[head:], None
 
 
-def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str) -> ChildOutcome:
+def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str,
+              max_response_bytes: int | None = None) -> ChildOutcome:
     """Run one request in a fresh, contained child process rooted at ``worktree``.
 
     Args:
@@ -229,6 +230,8 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         timeout_s: wall-clock limit (seconds); every process of the child is killed after it.
         memory_bytes: address-space cap (bytes), applied on CPU runs only (CUDA maps large ranges).
         device: ``cpu`` or ``cuda``.
+        max_response_bytes: the response this request may need (bytes: the outputs of every call it asks
+            for); the cap is the larger of it and :data:`MAX_RESPONSE_BYTES`.
 
     Returns:
         The outcome; a crash, hang, flood or forged response is data here (``problem``), never raised.
@@ -236,7 +239,8 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
     Raises:
         OSError: the child could not be started at all (an infrastructure error, not a FAIL).
     """
-    with child_session(worktree, request, timeout_s=timeout_s, memory_bytes=memory_bytes, device=device) as s:
+    with child_session(worktree, request, timeout_s=timeout_s, memory_bytes=memory_bytes, device=device,
+                       max_response_bytes=max_response_bytes) as s:
         pass
     return s.outcome
 
@@ -333,7 +337,8 @@ def kill_all_children() -> int:
 
 @contextlib.contextmanager
 def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str,
-                  pass_fds: tuple[int, ...] = (), setup: Any = None) -> Iterator[ChildSession]:
+                  pass_fds: tuple[int, ...] = (), setup: Any = None,
+                  max_response_bytes: int | None = None) -> Iterator[ChildSession]:
     """Start a contained child and yield it while the caller talks to it; collect its outcome at the end.
 
     Same containment as :func:`run_child`. Inside the ``with`` block the caller may exchange messages
@@ -392,6 +397,8 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         chunks: list[bytes] = []
         overflow = threading.Event()
 
+        cap = max(MAX_RESPONSE_BYTES, max_response_bytes or 0)
+
         def drain() -> None:
             # Past the cap the bytes are read and dropped: a reader that stopped would leave the child
             # blocked in its write until the wall-clock limit, and the verdict would blame a hang.
@@ -404,7 +411,7 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
                 if not b:
                     return
                 total += len(b)
-                if total > MAX_RESPONSE_BYTES:
+                if total > cap:
                     if not overflow.is_set():
                         overflow.set()
                         chunks.clear()
@@ -474,8 +481,8 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         response, problem = None, None
         payload, frame_problem = _read_frame(b"".join(chunks), nonce)
         if overflow.is_set():  # first: a child over the cap may also have run out of time writing it
-            problem = (f"child response exceeded {MAX_RESPONSE_BYTES} bytes (the outputs of every call are sent "
-                       f"back: shrink the workloads' outputs, or raise MAX_RESPONSE_BYTES)")
+            problem = (f"child response exceeded {cap} bytes (the outputs of every call are sent back: shrink the "
+                       f"workloads' outputs, or raise guards.sandbox.MAX_RESPONSE_BYTES)")
         elif timed_out:
             problem = f"child exceeded its {timeout_s:.0f} s limit (wall clock) and was killed"
         elif max(out_bytes, err_bytes) >= OUTPUT_CAP_BYTES:  # Python ignores SIGXFSZ: writes fail with EFBIG

@@ -154,6 +154,16 @@ def test_a_response_over_the_cap_is_named_as_such_and_never_blocks_the_child(mon
     over = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu")
     assert over.problem.startswith("child response exceeded 1024 bytes"), over.problem
     assert not over.timed_out and time.monotonic() - t0 < 0.5 * 120 + full.duration_s
+    # a request that needs more says so: the cap is the larger of the two (KDA's state pools on CUDA, session 24)
+    from guards.correctness import response_bytes
+
+    need = response_bytes([case], 3)
+    fits = run_child(REPO_ROOT, req, timeout_s=120, memory_bytes=task.timeouts.memory_bytes, device="cpu",
+                     max_response_bytes=need)
+    assert fits.problem is None
+    outs = fits.response["cases"][0]["calls"][2]["outputs"]
+    per_call = sum(t.numel() * t.element_size() for t in outs.values())
+    assert per_call > 0 and need == 2 * 3 * per_call + 64 * 2**20  # every output of 3 calls, twice, + 64 MiB
 
 
 @pytest.mark.slow
