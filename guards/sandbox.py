@@ -82,8 +82,9 @@ CHILD_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRE
 time (each freed mmapped block raises it), so whether a tensor's memory comes from the heap or from its own
 mapping, and whether freeing it unmaps pages inside a timed call (the perf child releases the earlier call's
 tensors there), depends on the process's history: two children running the same ``torch.mm`` on the same
-inputs read 0.952x (interval 0.914-0.984, a false regression) and 1.041x on an idle 2-core machine. With the
-thresholds fixed both follow one rule: blocks under 32 MiB come from the heap and stay mapped (up to 256 MiB
+inputs read 0.927-1.282x (M 3, N 256, K 1536; one false regression in 8 pairs of processes) and 0.971-1.039x
+(M 1, N 12448, K 256) on an idle 2-core machine; with the thresholds fixed 0.951-1.033x and 0.972-1.022x, no
+false regression. With the thresholds fixed both follow one rule: blocks under 32 MiB come from the heap and stay mapped (up to 256 MiB
 kept free), larger ones are mapped and unmapped on every call alike.
 Source: glibc mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD; setting one disables the dynamic adjustment);
 ``bench/perf_aa_children.py``, ``bench/results/cpu/perf_aa_children_session24.json``."""
