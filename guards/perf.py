@@ -893,7 +893,7 @@ def _classify_rec(task, device: str, rec: dict, claimed: bool, seed: int) -> dic
 def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int) -> str | None:
     """Why a workload's timings so far would fail on what machine load can cause, or ``None``.
 
-    A regression or a median below the regression threshold whose interval still reaches 1, an
+    A regression or a median below the regression threshold with a significant test whose interval still reaches 1, an
     inconclusive gain (:func:`_inconclusive_gain`) and, on CPU, off-CPU waits are
     re-measured (another round of fresh calls, pooled) before they fail; the final verdict is decided on
     all the pairs, at the task's unchanged thresholds, so re-measuring a real slowdown only confirms it.
@@ -901,8 +901,11 @@ def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int)
     stats = _classify_rec(task, device, rec, claimed, seed)
     if claimed and _is_inconclusive(task, stats):
         return "the gain's interval is inconclusive"
-    max_reg, _ = task.perf.regression_test(device)
-    if stats["verdict"] == PerfStatus.REGRESSION or stats["speedup"] < 1.0 / (1.0 + max_reg / 100.0):
+    max_reg, alpha = task.perf.regression_test(device)
+    # the median below the threshold with a significant test (what the rule before the interval condition called a
+    # regression) is re-measured: no more often than before, as every round's outputs are kept until the verdict
+    if stats["verdict"] == PerfStatus.REGRESSION or (stats["speedup"] < 1.0 / (1.0 + max_reg / 100.0)
+                                                     and stats["p_slower"] < alpha):
         return f"slower than the baseline ({stats['speedup']:.3f}x)"
     if device == "cpu":
         excess, bound = _wait_excess(rec["baseline"], rec["candidate"])
