@@ -422,6 +422,7 @@ class PerfGuard:
                              else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
                                                       ctx.seed, calls=calls))
                     records[c.name] = (rec, outside, wrong, compiled)
+                    _let_outputs_go(rec, remeasured.get(c.name, (None,))[0])  # checked: ~GBs a task otherwise
                     if not _ok(rec) or wrong or compiled:
                         break
                     if _fails_on_timings(task, ctx.device, judged, gain, idx):
@@ -566,7 +567,8 @@ class PerfGuard:
                 continue
             n = screening_repetitions(task.perf.repetitions)
             first = len(rec["candidate"].outputs)
-            outputs = {side: list(r.outputs) for side, r in rec.items()}
+            start = first  # the earlier calls' outputs were checked when the workload was timed
+            outputs: dict = {side: [] for side in rec}
             late_rec, gaps, compiled, segments = None, [], "", []
             for attempt in range(2):  # a failing late window is re-measured once (load), then judged pooled
                 gap = rng.randint(0, LATE_GAP_FACTOR * task.perf.repetitions)
@@ -591,7 +593,7 @@ class PerfGuard:
                 out[name] = (late_rec, sum(gaps), "a late recheck call failed", compiled, segments)
                 continue
             wrong = _every_call_problem(task, c, outputs["candidate"], outputs["baseline"], ctx.seed,
-                                        calls=first) or ""
+                                        calls=first, first=start) or ""
             out[name] = (late_rec, sum(gaps), wrong, compiled, segments)
         return out
 
@@ -1207,8 +1209,18 @@ def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
     return True
 
 
+def _let_outputs_go(rec: dict, again: dict | None) -> None:
+    """Drop a timed workload's outputs once :func:`_every_call_problem` has checked them (their count stays:
+    later windows number their calls after them). The judge kept every call's outputs of every workload until
+    the verdict: 17 GB for the good lse_merge fixture on CPU, and a CI rehearsal's worker was OOM-killed at
+    21.5 GB (session 24, ``bench/results/cpu/ci_session24.md``)."""
+    for r in (rec, again or {}):
+        for side in r.values():
+            side.outputs = [None] * len(side.outputs)
+
+
 def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int,
-                        calls: int | None = None) -> str | None:
+                        calls: int | None = None, first: int = 0) -> str | None:
     """Check the candidate's outputs of every call (warm-up and timed) against the reference.
 
     A kernel that counts calls and changes behaviour once timed (skips work, replays a cache, defers
@@ -1221,6 +1233,8 @@ def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[
         calls: calls made per side, warm-up included (count); ``None``: the task's warm-up and
             repetitions (one round, not screened). Extension rounds add the task's repetitions each; a
             workload cleared by its screening (:func:`screening_repetitions`) made fewer.
+        first: the call index of ``outputs[0]`` (count): a late recheck checks its own calls only, the
+            earlier ones were checked (and their outputs let go) when the workload was timed.
 
     Returns:
         One sentence naming the first wrong call, or ``None``.
@@ -1228,13 +1242,14 @@ def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[
     from guards.correctness import generic_check
 
     n = task.perf.warmup + task.perf.repetitions if calls is None else calls
-    if len(outputs) != n or len(baseline_outputs) != n:
+    if len(outputs) != n - first or len(baseline_outputs) != n - first:
         return (f"the judge read {len(outputs)} candidate and {len(baseline_outputs)} baseline output sets "
-                f"for {n} calls")
+                f"for {n - first} calls")
     ref = load_task_module(task, "reference")
     canon = getattr(ref, "canonical", None)
-    for j, got in enumerate(outputs):
-        base = baseline_outputs[j] if j < len(baseline_outputs) else None
+    for i, got in enumerate(outputs):
+        j = first + i
+        base = baseline_outputs[i]
         if base is not None and _same_answer(got, base, canon, case.kwargs, task.correctness.tolerance):
             continue
         inputs = perf_inputs(task, case.workload, seed, j)
