@@ -609,7 +609,8 @@ class PerfGuard:
         real gain where it is claimed (DESIGN.md); a change with no gain to show is worth a merge only where a
         kernel is merged already (a bug fix narrowing it), which stays judged for regressions.
         """
-        listed = [c.name for c in cases if c.name in set(task.perf.workloads)]
+        names = set(task.perf.workloads)
+        listed = [c.name for c in cases if c.name in names]
         self._artifacts.perf = []
         return Verdict(
             guard=self.name, status=Status.FAIL,
