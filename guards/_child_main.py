@@ -874,14 +874,23 @@ def _beyond(scope: dict | None, limits: dict | None) -> bool:
                for k in ("requests", "query_len"))
 
 
+def _load_request(torch, fd: int) -> dict:
+    """The request the parent wrote into the memfd ``fd`` (``guards.sandbox.child_session``), its tensors mapped
+    copy-on-write rather than copied (a candidate that writes into an input gets its own pages); the fd is
+    closed before any candidate code runs, so the request is in this process's memory only."""
+    try:
+        return torch.load(f"/proc/self/fd/{fd}", mmap=True, weights_only=True)
+    finally:
+        os.close(fd)
+
+
 def main() -> int:
-    worktree, req_path, resp_fd, nonce_fd = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    worktree, req_fd, resp_fd, nonce_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     nonce = _read_nonce(nonce_fd)  # before any candidate code exists in this process; a local, not a global
     sys.dont_write_bytecode = True  # -I ignores PYTHONDONTWRITEBYTECODE; the worktree is not the child's to write
     import torch
 
-    req = torch.load(req_path, weights_only=True)
-    os.unlink(req_path)  # the seeds' inputs stay in memory only
+    req = _load_request(torch, req_fd)
     sys.path.insert(0, worktree)
     response = {"ok": False, "error": None, "scope": None, "cases": [], "perf": []}
     dist_req = req.get("dist")
