@@ -187,7 +187,8 @@ class SideRecord:
     Attributes:
         cpu_us: the child's CPU time of each timed call (microseconds, every thread).
         wall_us: the judge's wall clock of each timed call (microseconds).
-        outputs: the side's outputs of every call (warm-up included), read at "done".
+        outputs: the side's outputs of every call (warm-up included), read at "done" (``None`` for a call
+            :func:`time_workload` handed to its ``check``).
         statuses: the acknowledgement status of every call (``b"k"``: it ran and passed the checks).
         compiles: the CuTe DSL compiles the child counted inside every call (warm-up included; count).
     """
@@ -222,7 +223,8 @@ def _poison(outs: dict, specs: dict) -> None:
 
 
 def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_inputs: Callable[[int], dict], *,
-                  device: str, warmup: int, repetitions: int, first_call: int = 0) -> dict[str, SideRecord]:
+                  device: str, warmup: int, repetitions: int, first_call: int = 0,
+                  check: Callable[[int, dict, dict, dict], None] | None = None) -> dict[str, SideRecord]:
     """Interleave baseline and candidate calls on fresh inputs (A B, B A, ...), timed by the judge.
 
     Call ``i`` of both sides reads the same inputs, drawn by ``make_inputs(i)`` just before the call and
@@ -237,6 +239,10 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         warmup, repetitions: untimed and timed calls per side (count).
         first_call: index of the first call (count): an extension round continues the call sequence, so
             its inputs are fresh draws (``make_inputs(first_call)``, ...) and its order alternation goes on.
+        check: ``check(i, inputs, candidate_outputs, baseline_outputs)``, called once both sides of call ``i``
+            completed, with the inputs drawn for it: the outputs are checked while the inputs are at hand (a
+            check after the window drew every call's inputs again) and are then let go (``None`` in the
+            records), so the judge holds one call's outputs, not a window's.
 
     Returns:
         ``{"baseline": SideRecord, "candidate": SideRecord}``.
@@ -255,6 +261,7 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         inputs = make_inputs(i)
         slot = i % P.SLOTS
         order = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+        read_now: dict[str, dict] = {}
         for side in order:
             srv, (ins, outs) = servers[side], views[side][slot]
             _write_inputs(ins, inputs)
@@ -270,11 +277,14 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
             r = rec[side]
             r.statuses.append(go.status if go.status != b"k" else read.status)
             r.compiles.append(go.compiles)
-            r.outputs.append(got)
+            r.outputs.append(None if check is not None else got)
+            read_now[side] = got
             if n >= warmup:
                 r.cpu_us.append(max(go.cpu_ns / 1e3, MIN_SAMPLE_US))
                 r.wall_us.append(max(go.wall_ns / 1e3, MIN_SAMPLE_US))
             if r.statuses[-1] != b"k":
                 return rec
+        if check is not None:
+            check(i, inputs, read_now["candidate"], read_now["baseline"])
     progress.advance(warmup + repetitions)  # every pair of this window is done
     return rec

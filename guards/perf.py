@@ -356,14 +356,16 @@ class PerfGuard:
                                    done=0, total=task.perf.warmup + first)
                     t0 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
                     make = _input_maker(task, c, ctx.seed)
+                    check = CallCheck(task, c)  # every window of this workload: its calls are numbered on
                     rec = time_workload(servers, idx, specs[idx], make, device=ctx.device,
-                                        warmup=task.perf.warmup, repetitions=first)
+                                        warmup=task.perf.warmup, repetitions=first, check=check)
                     screened = first < reps and _ok(rec) and _cleared_early(task, ctx.device, rec, idx)
                     if first < reps and _ok(rec) and not screened:  # the rest of the first round
                         progress.phase(f"timing {c.name} ({idx + 1}/{len(timed)} workloads): not cleared after "
                                        f"{first} pairs, timing the other {reps - first}", done=0, total=reps - first)
                         more = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
-                                             repetitions=reps - first, first_call=len(rec["candidate"].outputs))
+                                             repetitions=reps - first, first_call=len(rec["candidate"].outputs),
+                                             check=check)
                         for side in rec:
                             rec[side].extend(more[side])
                     rounds = 1
@@ -378,7 +380,7 @@ class PerfGuard:
                                        done=0, total=task.perf.repetitions)
                         more = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
                                              repetitions=task.perf.repetitions,
-                                             first_call=len(rec["candidate"].outputs))
+                                             first_call=len(rec["candidate"].outputs), check=check)
                         for side in rec:
                             rec[side].extend(more[side])
                         rounds += 1
@@ -402,7 +404,7 @@ class PerfGuard:
                         t1 = {k: (s.session.cpu_ns(), s.command_cpu_ns) for k, s in servers.items()}
                         again = time_workload(servers, idx, specs[idx], make, device=ctx.device, warmup=0,
                                               repetitions=task.perf.repetitions,
-                                              first_call=len(rec["candidate"].outputs))
+                                              first_call=len(rec["candidate"].outputs), check=check)
                         again_outside = {k: (s.session.cpu_ns() - t1[k][0]) - (s.command_cpu_ns - t1[k][1])
                                          for k, s in servers.items()}
                         for side in rec:
@@ -418,11 +420,8 @@ class PerfGuard:
                             outside = {k: outside[k] + again_outside[k] for k in outside}
                     calls = task.perf.warmup + (first if screened else reps * rounds) + (
                         task.perf.repetitions if c.name in remeasured else 0)
-                    wrong = ("" if not _ok(rec)
-                             else _every_call_problem(task, c, rec["candidate"].outputs, rec["baseline"].outputs,
-                                                      ctx.seed, calls=calls))
+                    wrong = "" if not _ok(rec) else check.result(calls)
                     records[c.name] = (rec, outside, wrong, compiled)
-                    _let_outputs_go(rec, remeasured.get(c.name, (None,))[0])  # checked: ~GBs a task otherwise
                     if not _ok(rec) or wrong or compiled:
                         break
                     if _fails_on_timings(task, ctx.device, judged, gain, idx):
@@ -567,20 +566,17 @@ class PerfGuard:
                 continue
             n = screening_repetitions(task.perf.repetitions)
             first = len(rec["candidate"].outputs)
-            start = first  # the earlier calls' outputs were checked when the workload was timed
-            outputs: dict = {side: [] for side in rec}
+            check = CallCheck(task, c, first=first)  # the earlier calls were checked when the workload was timed
             late_rec, gaps, compiled, segments = None, [], "", []
             for attempt in range(2):  # a failing late window is re-measured once (load), then judged pooled
                 gap = rng.randint(0, LATE_GAP_FACTOR * task.perf.repetitions)
                 progress.phase(f"late recheck of {name}: {gap} untimed calls, then {n} timed pairs"
                                + (" (re-measured)" if attempt else ""), done=0, total=gap + n)
                 more = time_workload(servers, i, specs[i], _input_maker(task, c, ctx.seed), device=ctx.device,
-                                     warmup=gap, repetitions=n, first_call=first)
+                                     warmup=gap, repetitions=n, first_call=first, check=check)
                 gaps.append(gap)
                 segments.append((first + gap, n))  # this window's timed calls (after its untimed gap)
                 first += gap + n
-                for side in outputs:
-                    outputs[side] += more[side].outputs
                 compiled = compiled or timed_compile_problem(more["candidate"].compiles, gap)
                 if late_rec is None:
                     late_rec = more
@@ -592,8 +588,7 @@ class PerfGuard:
             if not _ok(late_rec):
                 out[name] = (late_rec, sum(gaps), "a late recheck call failed", compiled, segments)
                 continue
-            wrong = _every_call_problem(task, c, outputs["candidate"], outputs["baseline"], ctx.seed,
-                                        calls=first, first=start) or ""
+            wrong = check.result(first) or ""
             out[name] = (late_rec, sum(gaps), wrong, compiled, segments)
         return out
 
@@ -906,7 +901,7 @@ def _needs_another_round(task, device: str, rec: dict, claimed: bool, seed: int)
         return "the gain's interval is inconclusive"
     max_reg, alpha = task.perf.regression_test(device)
     # the median below the threshold with a significant test (what the rule before the interval condition called a
-    # regression) is re-measured: no more often than before, as every round's outputs are kept until the verdict
+    # regression) is re-measured: no more often than before (each round costs the machine's quiet time)
     if stats["verdict"] == PerfStatus.REGRESSION or (stats["speedup"] < 1.0 / (1.0 + max_reg / 100.0)
                                                      and stats["p_slower"] < alpha):
         return f"slower than the baseline ({stats['speedup']:.3f}x)"
@@ -1210,60 +1205,66 @@ def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
     return True
 
 
-def _let_outputs_go(rec: dict, again: dict | None) -> None:
-    """Drop a timed workload's outputs once :func:`_every_call_problem` has checked them (their count stays:
-    later windows number their calls after them). The judge kept every call's outputs of every workload until
-    the verdict: 17 GB for the good lse_merge fixture on CPU, and a CI rehearsal's worker was OOM-killed at
-    21.5 GB (session 24, ``bench/results/cpu/ci_session24.md``)."""
-    for r in (rec, again or {}):
-        for side in r.values():
-            side.outputs = [None] * len(side.outputs)
-
-
-def _every_call_problem(task, case, outputs: list[dict], baseline_outputs: list[dict], seed: int,
-                        calls: int | None = None, first: int = 0) -> str | None:
-    """Check the candidate's outputs of every call (warm-up and timed) against the reference.
+class CallCheck:
+    """Checks the candidate's outputs of every call of one timed workload (warm-up and timed) against the
+    reference, as the judge reads them (``guards.judge.time_workload``'s ``check``).
 
     A kernel that counts calls and changes behaviour once timed (skips work, replays a cache, defers
     writes) passes the correctness calls but fails here, on whichever call it skipped. A call whose
     outputs hold exactly the bits the baseline (the base commit's trusted code) wrote for the same
     inputs is accepted without recomputing the reference; every other call is checked with the task's
-    checker (the reference costs up to ~0.1 s a call on the CI machine).
+    checker on the inputs the judge drew for that call (the reference costs up to ~0.1 s a call on the CI
+    machine). Each call is checked as it completes, so the judge never draws a call's inputs twice (session 24:
+    drawing them again after the window cost small_m_gemm's good fixture 16.7 of its 74 s of perf, this
+    machine, cProfile) nor holds a window's outputs (17 GB for the good lse_merge fixture before session 24).
 
     Args:
-        calls: calls made per side, warm-up included (count); ``None``: the task's warm-up and
-            repetitions (one round, not screened). Extension rounds add the task's repetitions each; a
-            workload cleared by its screening (:func:`screening_repetitions`) made fewer.
-        first: the call index of ``outputs[0]`` (count): a late recheck checks its own calls only, the
-            earlier ones were checked (and their outputs let go) when the workload was timed.
-
-    Returns:
-        One sentence naming the first wrong call, or ``None``.
+        task, case: the task and the timed case (its ``kwargs``).
+        first: the index of the first call this check sees (count): a late recheck checks its own calls.
     """
-    from guards.correctness import generic_check
 
-    n = task.perf.warmup + task.perf.repetitions if calls is None else calls
-    if len(outputs) != n - first or len(baseline_outputs) != n - first:
-        return (f"the judge read {len(outputs)} candidate and {len(baseline_outputs)} baseline output sets "
-                f"for {n - first} calls")
-    ref = load_task_module(task, "reference")
-    canon = getattr(ref, "canonical", None)
-    for i, got in enumerate(outputs):
-        j = first + i
-        base = baseline_outputs[i]
-        if base is not None and _same_answer(got, base, canon, case.kwargs, task.correctness.tolerance):
-            continue
-        inputs = perf_inputs(task, case.workload, seed, j)
-        want = ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
-        if hasattr(ref, "check"):
-            lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                              task.correctness.tolerance)
+    def __init__(self, task, case, first: int = 0) -> None:
+        self.task, self.case, self.first = task, case, first
+        self.ref = load_task_module(task, "reference")
+        self.canonical = getattr(self.ref, "canonical", None)
+        self.checked = 0
+        self.problem: str | None = None
+
+    def __call__(self, j: int, inputs: dict, got: dict, base: dict | None) -> None:
+        """Check call ``j``: its inputs (CPU tensors, as drawn), the candidate's and the baseline's outputs."""
+        if j != self.first + self.checked and self.problem is None:
+            self.problem = f"the judge read call {j} where call {self.first + self.checked} was due"
+        self.checked += 1
+        if self.problem is not None:
+            return
+        task, case = self.task, self.case
+        if base is not None and _same_answer(got, base, self.canonical, case.kwargs, task.correctness.tolerance):
+            return
+        from guards.correctness import generic_check
+
+        want = self.ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+        if hasattr(self.ref, "check"):
+            lines = self.ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
+                                   task.correctness.tolerance)
         else:
             lines = generic_check(task, got, want)
         if lines:
             which = f"warm-up call {j}" if j < task.perf.warmup else f"timed call {j - task.perf.warmup}"
-            return f"outputs of {which} differ from the reference: {lines[0][:160]}"
-    return None
+            self.problem = f"outputs of {which} differ from the reference: {lines[0][:160]}"
+
+    def result(self, calls: int | None = None) -> str | None:
+        """One sentence naming the first wrong call, or ``None``.
+
+        Args:
+            calls: calls made per side up to the end of the last window, warm-up included (count); ``None``:
+                the task's warm-up and repetitions (one round, not screened). Extension rounds add the
+                task's repetitions each; a workload cleared by its screening (:func:`screening_repetitions`)
+                made fewer. Fewer checked calls than that is itself the problem (a call's outputs went unread).
+        """
+        n = self.task.perf.warmup + self.task.perf.repetitions if calls is None else calls
+        if self.checked != n - self.first:
+            return f"the judge checked the outputs of {self.checked} calls for {n - self.first} calls"
+        return self.problem
 
 
 _PER_CALL = ("baseline_us", "candidate_us", "baseline_wall_us", "candidate_wall_us", "baseline_tails_us",

@@ -68,13 +68,13 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
 
     monkeypatch.setattr(perf, "_needs_another_round", always)
     checked = []
-    real = perf._every_call_problem
+    real = perf.CallCheck.result
 
-    def spy(task, case, outputs, baseline_outputs, seed, calls=None):
-        checked.append((len(outputs), calls))
-        return real(task, case, outputs, baseline_outputs, seed, calls=calls)
+    def spy(self, calls=None):
+        checked.append((self.checked, calls))
+        return real(self, calls)
 
-    monkeypatch.setattr(perf, "_every_call_problem", spy)
+    monkeypatch.setattr(perf.CallCheck, "result", spy)
     perf.PerfGuard().check(ctx)
     (entry,) = ctx.artifacts.perf
     n = 1 + perf.PERF_EXTENSION_ROUNDS
@@ -85,12 +85,44 @@ def test_inconclusive_workload_gets_extension_rounds_with_fresh_checked_inputs(p
     assert entry["verdict"] != "wrong_output", entry["implementation"]
 
 
-def test_every_call_problem_counts_the_extension_rounds(project_repo):
+def test_the_call_check_counts_the_extension_rounds(project_repo):
     task = load_task(project_repo, "k3_moe_dispatch")
     n = task.perf.warmup + task.perf.repetitions
-    got = perf._every_call_problem(task, None, [{}] * n, [{}] * n, 0, calls=task.perf.warmup + 2 * task.perf.repetitions)
-    assert got == (f"the judge read {n} candidate and {n} baseline output sets for "
-                   f"{task.perf.warmup + 2 * task.perf.repetitions} calls")
+    check = perf.CallCheck(task, None)
+    check.checked = n  # one round's calls checked, two rounds' made
+    got = check.result(calls=task.perf.warmup + 2 * task.perf.repetitions)
+    assert got == f"the judge checked the outputs of {n} calls for {task.perf.warmup + 2 * task.perf.repetitions} calls"
+    assert check.result() is None  # one round made, one round checked
+    late = perf.CallCheck(task, None, first=n)
+    late.checked = 10
+    assert late.result(calls=n + 10) is None and late.result(calls=n + 11) is not None
+
+
+def test_the_call_check_fails_the_first_wrong_call_and_skips_the_reference_on_the_baseline_bits(project_repo, monkeypatch):
+    import torch
+
+    from guards.cases import build_case
+
+    task = load_task(project_repo, "k3_small_m_gemm")
+    case = build_case(task, next(w for w in task.correctness.workloads if w.name == task.perf.workloads[0]), 3)
+    inputs = case.inputs_a
+    check = perf.CallCheck(task, case)
+    want = check.ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+    calls = []
+    real = check.ref.reference
+    monkeypatch.setattr(check.ref, "reference", lambda *a: calls.append(1) or real(*a))
+    check(0, inputs, want, {k: v.clone() for k, v in want.items()})  # the baseline's bits: no reference computed
+    assert calls == [] and check.problem is None
+    check(1, inputs, {k: v + 1e-7 * v.abs().max() for k, v in want.items()}, None)  # no baseline: the checker decides
+    assert calls == [1] and check.problem is None
+    bad = {k: torch.zeros_like(v) for k, v in want.items()}
+    check(2, inputs, bad, want)
+    assert check.problem.startswith("outputs of warm-up call 2 differ from the reference: ")
+    check(3, inputs, want, want)  # a later call does not clear it
+    assert check.result(calls=4).startswith("outputs of warm-up call 2") and check.checked == 4
+    skipped = perf.CallCheck(task, case)
+    skipped(1, inputs, want, want)  # call 0 never reached the check
+    assert skipped.problem == "the judge read call 1 where call 0 was due"
 
 
 def test_regressions_and_waits_are_re_measured_before_they_fail(project_repo):
@@ -164,13 +196,13 @@ def _screen_ctx(project_repo, tmp_path, monkeypatch, name):
     monkeypatch.setattr(perf, "LATE_RECHECKS", 0)  # the screening's calls alone (the late recheck has its own test)
     monkeypatch.setattr(perf, "_fails_on_timings", lambda *a: False)  # time both whatever the load does
     checked = []
-    real = perf._every_call_problem
+    real = perf.CallCheck.result
 
-    def spy(task, case, outputs, baseline_outputs, seed, calls=None):
-        checked.append((case.name, len(outputs), calls))
-        return real(task, case, outputs, baseline_outputs, seed, calls=calls)
+    def spy(self, calls=None):
+        checked.append((self.case.name, self.checked, calls))
+        return real(self, calls)
 
-    monkeypatch.setattr(perf, "_every_call_problem", spy)
+    monkeypatch.setattr(perf.CallCheck, "result", spy)
     return ctx, checked
 
 
