@@ -61,6 +61,22 @@ def make_project_copy(dest: Path, *, pristine: bool = False) -> Path:
     return dest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_in_the_test_process() -> Iterator[None]:
+    """The test process (the judge of in-process judgments, and the model tests) runs torch on one thread, as
+    the guards' children do (``OMP_NUM_THREADS=1``, ``guards.sandbox.scrubbed_env``). With torch's default (one
+    thread a core) two pytest-xdist workers each ran a pool of two threads on the 2 cores besides their
+    children: 17 correctness fixtures of small_m_gemm and lse_merge took 304 s (433 s user CPU) against 191 s
+    (251 s) on one thread (``bench/results/cpu/ci_session25.md``). Subprocesses (the CLI, a vLLM server) keep
+    their own defaults."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def project_repo(tmp_path_factory) -> Path:
     """A session-wide git copy of the project (runs write their .workbench/ there)."""
