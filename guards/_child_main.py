@@ -1,6 +1,6 @@
 """Entry point of the child process that runs candidate code (never imported by the workbench).
 
-Usage: python -I _child_main.py WORKTREE REQUEST.pt RESPONSE_FD NONCE_FD
+Usage: python -I _child_main.py WORKTREE REQUEST_FD RESPONSE_FD NONCE_FD
 
 The request (written by the parent, loaded with ``weights_only=True``) lists cases; for each, the
 child calls the task's target through the K3 dispatcher and returns outputs, the inputs as they were
@@ -875,11 +875,14 @@ def _beyond(scope: dict | None, limits: dict | None) -> bool:
 
 
 def _load_request(torch, fd: int) -> dict:
-    """The request the parent wrote into the memfd ``fd`` (``guards.sandbox.child_session``), its tensors mapped
-    copy-on-write rather than copied (a candidate that writes into an input gets its own pages); the fd is
-    closed before any candidate code runs, so the request is in this process's memory only."""
+    """The request the parent wrote into the memfd ``fd`` (``guards.sandbox.child_session``), read into this
+    process's memory; the fd is closed before any candidate code runs. Read, not mapped: a mapping would stay
+    in ``/proc/self/maps`` for the whole run, a sign that the process is the judge's child which no serving
+    process shows (session 25's review)."""
     try:
-        return torch.load(f"/proc/self/fd/{fd}", mmap=True, weights_only=True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            f.seek(0)  # the parent's write left the shared offset at the end
+            return torch.load(f, weights_only=True)
     finally:
         os.close(fd)
 

@@ -7,7 +7,7 @@ Three roles (issue 12 item 1):
   count: its own monotonic wall clock and the **kernel's CPU-time clock of the child process**
   (``clock_getcpuclockid``: every thread of the child, including threads ``threading`` never sees, to
   the nanosecond). It reads the outputs the moment the child acknowledges and checks every call's
-  outputs against the task's reference afterwards;
+  outputs: equal to the baseline's there and then, the others against the task's reference after the window;
 - a **baseline child** runs the base commit's own tree (an export of ``k3_model/`` and ``kernels/`` at
   the base commit; the merged kernel where its scope covers the call, else the standard path). It
   never imports candidate code, so nothing the candidate does to torch, threads or modules reaches it;
@@ -240,9 +240,9 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         first_call: index of the first call (count): an extension round continues the call sequence, so
             its inputs are fresh draws (``make_inputs(first_call)``, ...) and its order alternation goes on.
         check: ``check(i, inputs, candidate_outputs, baseline_outputs)``, called once both sides of call ``i``
-            completed, with the inputs drawn for it: the outputs are checked while the inputs are at hand (a
-            check after the window drew every call's inputs again) and are then let go (``None`` in the
-            records), so the judge holds one call's outputs, not a window's.
+            completed, with the inputs drawn for it (``guards.perf.CallCheck``: outputs that match the
+            baseline's are let go there, the others kept for a check after the window); the records then
+            hold ``None`` for the call's outputs.
 
     Returns:
         ``{"baseline": SideRecord, "candidate": SideRecord}``.

@@ -191,18 +191,21 @@ def test_a_scope_that_differs_between_processes_fails_the_child(tmp_path):
 
 @pytest.mark.slow
 def test_the_request_reaches_the_child_in_memory_and_its_fd_is_closed_before_candidate_code(tmp_path):
-    """The request travels in a memfd the child maps (``guards.sandbox.child_session``): nothing of it is on disk
-    in the child's home, and candidate code finds no open fd to it (it could seek back to the start)."""
+    """The request travels in a memfd the child reads (``guards.sandbox.child_session``): nothing of it is on disk
+    in the child's home, and candidate code finds no open fd to it (it could seek back to the start) nor a
+    mapping (a sign that it runs in the judge's child, which a serving process never shows)."""
     src = ("import os\n"
            "fds = {f: os.readlink(f'/proc/self/fd/{f}') for f in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{f}')}\n"
            "home = sorted(os.listdir(os.environ['HOME']))\n"
-           "raise RuntimeError(f'FDS={sorted(fds.values())} HOME={home}')\n")
+           "maps = sorted({ln.split(None, 5)[5].strip() for ln in open('/proc/self/maps') if 'memfd:' in ln})\n"
+           "raise RuntimeError(f'FDS={sorted(fds.values())} HOME={home} MAPS={maps}')\n")
     out = _run(_worktree(tmp_path, src))
     assert out.problem is None and out.response is not None
     err = out.response["error"]
     import re
 
-    m = re.search(r"FDS=(\[.*?\]) HOME=(\[.*?\])", err)
+    m = re.search(r"FDS=(\[.*?\]) HOME=(\[.*?\]) MAPS=(\[.*?\])", err)
     assert m, err  # the candidate's report came back
-    assert "pipe:" in m.group(1) and "wb-request" not in m.group(1), m.group(1)  # no fd to the request's memfd
+    assert "pipe:" in m.group(1) and "memfd:" not in m.group(1), m.group(1)  # no fd to the request's memfd
     assert "request" not in m.group(2), m.group(2)  # nor a file in the child's home
+    assert m.group(3) == "[]", m.group(3)  # nor a mapping of it: no sign, in the child, of the judge's request
