@@ -1,5 +1,6 @@
 """How a correctness request reaches its child: through a file in the temporary directory (sessions 1-24) or
-through a memfd the child maps (``guards.sandbox.child_session`` since session 25).
+through a memfd (``guards.sandbox.child_session`` since session 25), which the child reads (what it does) or
+could map (the first form of session 25's change, dropped: a mapping stays visible in ``/proc/self/maps``).
 
 For each single-process task, builds the correctness guard's real request at one seed (every case's inputs,
 as ``guards.correctness`` sends them) and times, per channel, the parent's write and a fresh process's load
@@ -8,7 +9,7 @@ of every tensor (a child loads it once; its pages are then touched by the calls)
     python bench/request_channel.py OUT.json [--seed 7] [--tasks k3_small_m_gemm,...]
 
 Writes ``OUT`` (JSON, with the environment): per task, the request's size (bytes) and each channel's write
-and load times (seconds).
+and load times (seconds): ``file_*``, ``memfd_write_s``, ``memfd_map_load_s``, ``memfd_read_load_s``.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ from workbench.taskspec import list_task_ids, load_task  # noqa: E402
 _LOAD = """
 import sys, time, torch
 t = time.perf_counter()
-src, mmap = sys.argv[1], sys.argv[2] == "1"
-req = torch.load(src, mmap=mmap, weights_only=True)
+src, how = sys.argv[1], sys.argv[2]
+if how == "fd":  # as guards/_child_main.py _load_request: read from the inherited fd
+    import os
+    with os.fdopen(int(src), "rb", closefd=False) as f:
+        f.seek(0)
+        req = torch.load(f, weights_only=True)
+else:
+    req = torch.load(src, mmap=how == "mmap", weights_only=True)
 n = 0
 for c in req["cases"]:  # touch every input, as the calls do
     for side in ("inputs_a", "inputs_b"):
@@ -44,8 +51,8 @@ print(time.perf_counter() - t)
 """
 
 
-def _load_s(src: str, mmap: bool, pass_fds=()) -> float:
-    out = subprocess.run([sys.executable, "-c", _LOAD, src, "1" if mmap else "0"], capture_output=True, text=True,
+def _load_s(src: str, how: str, pass_fds=()) -> float:
+    out = subprocess.run([sys.executable, "-c", _LOAD, src, how], capture_output=True, text=True,
                          check=True, pass_fds=pass_fds)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -63,14 +70,15 @@ def measure(task_id: str, seed: int) -> dict:
         torch.save(req, path)
         row["file_write_s"] = round(time.perf_counter() - t, 3)
         row["request_bytes"] = path.stat().st_size
-        row["file_load_s"] = round(_load_s(str(path), mmap=False), 3)
+        row["file_load_s"] = round(_load_s(str(path), "read"), 3)
     fd = os.memfd_create("wb-bench-request", 0)
     try:
         t = time.perf_counter()
         with open(fd, "wb", closefd=False) as f:
             torch.save(req, f)
         row["memfd_write_s"] = round(time.perf_counter() - t, 3)
-        row["memfd_load_s"] = round(_load_s(f"/proc/self/fd/{fd}", mmap=True, pass_fds=(fd,)), 3)
+        row["memfd_map_load_s"] = round(_load_s(f"/proc/self/fd/{fd}", "mmap", pass_fds=(fd,)), 3)
+        row["memfd_read_load_s"] = round(_load_s(str(fd), "fd", pass_fds=(fd,)), 3)
     finally:
         os.close(fd)
     return row
