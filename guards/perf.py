@@ -1254,7 +1254,7 @@ class CallCheck:
                 task's repetitions each; a workload cleared by its screening (:func:`screening_repetitions`)
                 made fewer. Fewer checked calls than that is itself the problem (a call's outputs went unread).
         """
-        from guards.correctness import generic_check
+        from guards.correctness import _compare
 
         n = self.task.perf.warmup + self.task.perf.repetitions if calls is None else calls
         if self.checked != n - self.first:
@@ -1266,11 +1266,7 @@ class CallCheck:
                 break
             inputs = perf_inputs(task, case.workload, self.seed, j)
             want = self.ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
-            if hasattr(self.ref, "check"):
-                lines = self.ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                                       task.correctness.tolerance)
-            else:
-                lines = generic_check(task, got, want)
+            lines = _compare(task, self.ref, inputs, case.kwargs, got, want)
             if lines:
                 which = f"warm-up call {j}" if j < task.perf.warmup else f"timed call {j - task.perf.warmup}"
                 self.problem = f"outputs of {which} differ from the reference: {lines[0][:160]}"
