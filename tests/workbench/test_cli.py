@@ -32,10 +32,23 @@ def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.Com
                           env=env, timeout=600)
 
 
+def _failed_guards(p: subprocess.CompletedProcess) -> list[str]:
+    """The guards that failed in the result file a `workbench run` printed last."""
+    data = json.loads(Path(p.stdout.strip().splitlines()[-1]).read_text())
+    return [v["guard"] for v in data["verdicts"] if v["status"] == "FAIL"]
+
+
 @pytest.mark.slow
 @pytest.mark.quiet(whole=True)  # the accept rests on a CPU perf gain, timed in a subprocess
 def test_run_accepts_good_and_prints_result_path_last(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
+    judging = 1
+    if p.returncode == 1 and _failed_guards(p) == ["perf"]:
+        # a CPU gain that one timing on a noisy 2-core machine did not confirm (session 25's landing CI: mini_t1
+        # 1.236x with the interval down to 0.993): judged again, pooled with the first judging
+        # (workbench/retries.py), as a user re-runs; a real regression stays one
+        p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
+        judging = 2
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines()[0] == f"k3_moe_dispatch candidate {GOOD}: ACCEPTED"
     last = Path(p.stdout.strip().splitlines()[-1])
@@ -43,6 +56,7 @@ def test_run_accepts_good_and_prints_result_path_last(project_repo):
     data = json.loads(last.read_text())
     assert data["accepted"] is True and data["perf_judged"] is True and data["schema_version"] == 2
     assert type(data["seed"]) is int and data["command"].endswith(f" --seed {data['seed']}")  # drawn, recorded
+    assert data["judging"] == judging
     r = wb(project_repo, "report", str(last))
     assert r.returncode == 0 and "| perf | PASS |" in r.stdout
     assert r.stdout.startswith("# k3_moe_dispatch: ACCEPTED\n") and f"- seed: {data['seed']}\n" in r.stdout
