@@ -224,7 +224,7 @@ def _poison(outs: dict, specs: dict) -> None:
 
 def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_inputs: Callable[[int], dict], *,
                   device: str, warmup: int, repetitions: int, first_call: int = 0,
-                  check: Callable[[int, dict, dict, dict], None] | None = None) -> dict[str, SideRecord]:
+                  check: Callable[[int, dict, dict | None], None] | None = None) -> dict[str, SideRecord]:
     """Interleave baseline and candidate calls on fresh inputs (A B, B A, ...), timed by the judge.
 
     Call ``i`` of both sides reads the same inputs, drawn by ``make_inputs(i)`` just before the call and
@@ -239,10 +239,10 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
         warmup, repetitions: untimed and timed calls per side (count).
         first_call: index of the first call (count): an extension round continues the call sequence, so
             its inputs are fresh draws (``make_inputs(first_call)``, ...) and its order alternation goes on.
-        check: ``check(i, inputs, candidate_outputs, baseline_outputs)``, called once both sides of call ``i``
-            completed, with the inputs drawn for it (``guards.perf.CallCheck``: outputs that match the
-            baseline's are let go there, the others kept for a check after the window); the records then
-            hold ``None`` for the call's outputs.
+        check: ``check(i, candidate_outputs, baseline_outputs)``, called once both sides of call ``i``
+            completed (``guards.perf.CallCheck``: outputs that match the baseline's are let go there, the
+            others kept for a check after the window, which draws call ``i``'s inputs again); the records
+            then hold ``None`` for the call's outputs.
 
     Returns:
         ``{"baseline": SideRecord, "candidate": SideRecord}``.
@@ -285,6 +285,6 @@ def time_workload(servers: dict[str, CallServer], index: int, spec: dict, make_i
             if r.statuses[-1] != b"k":
                 return rec
         if check is not None:
-            check(i, inputs, read_now["candidate"], read_now["baseline"])
+            check(i, read_now["candidate"], read_now["baseline"])
     progress.advance(warmup + repetitions)  # every pair of this window is done
     return rec

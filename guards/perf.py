@@ -1235,8 +1235,8 @@ class CallCheck:
         self.pending: list[tuple[int, dict]] = []
         self.problem: str | None = None
 
-    def __call__(self, j: int, inputs: dict, got: dict, base: dict | None) -> None:
-        """Read call ``j``: its inputs (CPU tensors, as drawn), the candidate's and the baseline's outputs."""
+    def __call__(self, j: int, got: dict, base: dict | None) -> None:
+        """Read call ``j``: the candidate's and the baseline's outputs (CPU tensors; ``base`` None: none)."""
         if j != self.first + self.checked and self.problem is None:
             self.problem = f"the judge read call {j} where call {self.first + self.checked} was due"
         self.checked += 1

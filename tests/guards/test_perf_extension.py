@@ -115,15 +115,15 @@ def test_the_call_check_runs_no_reference_between_pairs_and_fails_the_first_wron
     want = [real({k: v.clone() for k, v in x.items()}, dict(case.kwargs)) for x in ins]
     calls = []
     monkeypatch.setattr(check.ref, "reference", lambda *a: calls.append(1) or real(*a))
-    check(0, ins[0], want[0], {k: v.clone() for k, v in want[0].items()})  # the baseline's bits: let go
-    check(1, ins[1], {k: v + 1e-7 * v.abs().max() for k, v in want[1].items()}, None)  # no baseline: kept
-    check(2, ins[2], {k: torch.zeros_like(v) for k, v in want[2].items()}, want[2])  # wrong: kept
-    check(3, ins[3], want[3], want[3])
+    check(0, want[0], {k: v.clone() for k, v in want[0].items()})  # the baseline's bits: let go
+    check(1, {k: v + 1e-7 * v.abs().max() for k, v in want[1].items()}, None)  # no baseline: kept
+    check(2, {k: torch.zeros_like(v) for k, v in want[2].items()}, want[2])  # wrong: kept
+    check(3, want[3], want[3])
     assert calls == [] and [j for j, _ in check.pending] == [1, 2] and check.problem is None
     assert check.result(calls=4).startswith("outputs of warm-up call 2 differ from the reference: ")
     assert calls == [1, 1] and check.pending == []  # call 1 passed its full check, call 2 failed it
     skipped = perf.CallCheck(task, case, seed)
-    skipped(1, ins[1], want[1], want[1])  # call 0 never reached the check
+    skipped(1, want[1], want[1])  # call 0 never reached the check
     assert skipped.result(calls=1) == "the judge read call 1 where call 0 was due"
 
 
