@@ -564,11 +564,10 @@ def _send(fd: int, nonce: bytes, response) -> None:
 
     buf = io.BytesIO()
     torch.save(response, buf)
-    payload = buf.getvalue()
-    frame = RESPONSE_MAGIC + nonce + struct.pack("<Q", len(payload)) + payload
-    view = memoryview(frame)
-    while view:
-        view = view[os.write(fd, view):]
+    payload = buf.getbuffer()  # the saved bytes themselves: no copy into a frame
+    for view in (memoryview(RESPONSE_MAGIC + nonce + struct.pack("<Q", len(payload))), payload):
+        while view:
+            view = view[os.write(fd, view):]
     os.close(fd)
 
 
