@@ -255,6 +255,34 @@ def _timing_takes_the_machine(tmp_path_factory) -> Iterator[None]:
         guards.perf.timing_section = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _children_counted() -> Iterator[None]:
+    """Every guard child a test starts in this process (``guards.sandbox.child_session``) is counted, with its
+    wall time, into the test's machine-lock line (summed in the terminal summary): each child pays a fixed
+    start (a fresh interpreter importing torch, ~1.8 s on the 2-core machine) before any work, so the count
+    says what that start costs the suite. Children of ``workbench`` subprocesses are not counted."""
+    import guards.judge
+    import guards.sandbox
+
+    real = guards.sandbox.child_session
+
+    @contextlib.contextmanager
+    def counted(*args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            with real(*args, **kwargs) as session:
+                yield session
+        finally:
+            _waits["children"] = _waits.get("children", 0) + 1
+            _waits["child_s"] = _waits.get("child_s", 0.0) + time.monotonic() - t0
+
+    guards.sandbox.child_session = guards.judge.child_session = counted
+    try:
+        yield
+    finally:
+        guards.sandbox.child_session = guards.judge.child_session = real
+
+
 @pytest.fixture(autouse=True)
 def _machine_share(request, tmp_path_factory) -> Iterator[None]:
     """Each test holds the machine shared (``quiet`` ones: exclusively) while it runs (pytest-xdist only)."""
@@ -295,13 +323,17 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     if not log.is_file():
         return
     rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    tot = {k: sum(r.get(k, 0.0) for r in rows) for k in ("shared_wait_s", "exclusive_wait_s", "exclusive_held_s")}
+    tot = {k: sum(r.get(k, 0.0) for r in rows)
+           for k in ("shared_wait_s", "exclusive_wait_s", "exclusive_held_s", "children", "child_s")}
     worst = sorted(rows, key=lambda r: -(r.get("exclusive_wait_s", 0.0) + r.get("shared_wait_s", 0.0)))[:3]
     terminalreporter.write_line(
         f"machine locks: {len(rows)} tests waited {tot['shared_wait_s']:.0f} s at the turnstile; "
         f"{sum(r['quiet'] for r in rows)} quiet tests waited {tot['exclusive_wait_s']:.0f} s for the machine and held it "
         f"alone {tot['exclusive_held_s']:.0f} s; longest waits: "
         + ", ".join(f"{r['test']} {r.get('exclusive_wait_s', 0.0) + r.get('shared_wait_s', 0.0):.0f} s" for r in worst))
+    terminalreporter.write_line(
+        f"guard children: {tot['children']:.0f} started by the tests' own processes, {tot['child_s']:.0f} s of child "
+        "wall time (children of workbench subprocesses not counted)")
 
 
 SLOW_FIXTURES = frozenset({"template_repo", "cpu_run"})
