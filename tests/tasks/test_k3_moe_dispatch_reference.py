@@ -429,3 +429,90 @@ def test_wrong_expert_message_lists_whole_sets_that_differ() -> None:
     expected, got_list = msg.split("(expected ")[1].split(" in any order, got ")
     got_list = got_list.split(");")[0]
     assert expected != got_list and "..." not in expected and str(last) in expected and str(spare) in got_list, msg
+
+
+# --- the checker's vectorized fast paths say exactly what the full walk says ---------------------------------
+
+def _mutations(want: dict, valid: torch.Tensor, params: dict, gen: torch.Generator, inputs_e: int):
+    """(name, got) pairs: the reference's outputs unchanged, reordered where the contract allows, and broken in
+    each way the checker names (a wrong expert, a duplicate, a weight off, NaN, a padding row, each alignment
+    output)."""
+    K, B = params["top_k"], params["block_size"]
+    T = want["topk_ids"].shape[0]
+    rows = [t for t in range(T) if bool(valid[t])]
+    t0 = rows[int(torch.randint(len(rows), (1,), generator=gen))]
+    yield "unchanged", _clone(want)
+    perm = torch.stack([torch.randperm(K, generator=gen) for _ in range(T)])
+    g = {"topk_ids": want["topk_ids"].gather(1, perm), "topk_weights": want["topk_weights"].gather(1, perm)}
+    g.update(ref.align(g["topk_ids"], inputs_e, B))  # the slots moved: laid out anew
+    yield "rows permuted", g
+    g = _clone(g)
+    lo = 0  # the first expert's whole segment, sentinels included, shuffled
+    hi = B * int((g["expert_ids"] == g["expert_ids"][0]).sum())
+    g["sorted_token_ids"][lo:hi] = g["sorted_token_ids"][lo:hi][torch.randperm(hi - lo, generator=gen)]
+    yield "a segment shuffled", g
+    g = _clone(want)
+    row = g["topk_ids"][t0]
+    row[0] = next((e for e in range(inputs_e) if e not in row.tolist()), inputs_e)  # or out of range
+    yield "a wrong expert", g
+    if K > 1:
+        g = _clone(want)
+        g["topk_ids"][t0, 1] = g["topk_ids"][t0, 0]
+        yield "a duplicated expert", g
+    g = _clone(want)
+    g["topk_weights"][t0, K - 1] *= 1.01
+    yield "a weight off", g
+    g = _clone(want)
+    g["topk_weights"][t0, 0] = float("nan")
+    yield "a NaN weight", g
+    g = _clone(want)
+    g["topk_weights"][t0] *= 1 + 1e-7  # inside the tolerance
+    yield "weights inside the tolerance", g
+    pad = [t for t in range(T) if not bool(valid[t])]
+    if pad:
+        g = _clone(want)
+        g["topk_ids"][pad[0], 0] = 3
+        yield "a padding row routed", g
+    total = int(want["num_tokens_post_padded"][0])
+    g = _clone(want)
+    s, blocks, numel = g["sorted_token_ids"], g["expert_ids"], want["topk_ids"].numel()
+    routed = [q for q in range(total) if int(s[q]) != numel]  # entries of two different experts' segments
+    i = routed[0]
+    j = next((q for q in routed if int(blocks[q // B]) != int(blocks[i // B])), None)
+    if j is not None:
+        s[i], s[j] = s[j].clone(), s[i].clone()
+        yield "two experts' dispatch entries swapped", g
+    g = _clone(want)
+    g["sorted_token_ids"][total - 1] = -1
+    yield "a dispatch entry out of range", g
+    g = _clone(want)
+    if total < g["sorted_token_ids"].numel():
+        g["sorted_token_ids"][total] = 0
+        yield "a sentinel overwritten past the total", g
+    g = _clone(want)
+    g["expert_ids"][0] += 1
+    yield "an expert block renamed", g
+    g = _clone(want)
+    g["num_tokens_post_padded"][0] += B
+    yield "the padded total off by a block", g
+    g = _clone(want)
+    for k in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
+        g[k].fill_(-7777)
+    yield "alignment never written", g
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_check_fast_paths_say_what_the_full_walk_says(name: str, monkeypatch) -> None:
+    """``check`` skips its per-row and per-expert walks where the outputs equal the reference's (up to the
+    orders the contract leaves free); with those skips turned off it must say the same, line for line."""
+    inputs, params, want = _case(name, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    for what, got in _mutations(want, inputs["token_valid"], params, gen, inputs["router_logits"].shape[1]):
+        fast = ref.check(inputs, params, _clone(got), want, TOL)
+        with monkeypatch.context() as m:
+            m.setattr(ref, "_rows_equal_to_want", lambda got, want, valid, *a: torch.zeros_like(valid, dtype=torch.bool))
+            m.setattr(ref, "_alignment_equal", lambda *a: False)
+            full = ref.check(inputs, params, _clone(got), want, TOL)
+        assert fast == full, (name, what)
+        assert (fast == []) == (what in ("unchanged", "rows permuted", "a segment shuffled",
+                                              "weights inside the tolerance")), (name, what, fast)
