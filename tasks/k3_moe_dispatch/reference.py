@@ -504,21 +504,27 @@ def check(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], got: Ma
 def canonical(outputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """The outputs with every order the contract leaves free put in one order (for exact comparison).
 
-    Rows of ``topk_ids`` are sorted (``topk_weights`` permuted with them); ``sorted_token_ids`` entries
-    become token indices (flat ``t*K+k`` names a slot, whose order in the row is free) and are sorted
-    inside each expert's segment (a token meets an expert at most once). Two output sets with equal canonical forms, bit for
-    bit, are the same answer; the perf guard uses this to accept a timed call whose outputs equal the
-    baseline's for the same inputs without recomputing the reference (different forms get the full
-    :func:`check`).
+    Rows of ``topk_ids`` are sorted (``topk_weights`` permuted with them). Each ``sorted_token_ids`` entry
+    that names a slot (flat ``t*K+k``, whose position in the row is free) becomes the pair (token ``t``,
+    the expert ``topk_ids`` holds in that slot): two layouts are the same answer only when every segment
+    dispatches the same tokens *for the same experts* (session 26's red team: with token indices alone, a
+    kernel naming the wrong slot of the right token, so the expert GEMM reads another expert's weight, was
+    taken for the baseline's answer). Entries that name no slot (the sentinel, anything out of range) keep
+    their value, marked apart. Within each expert's block segment the entries are sorted (a token meets an
+    expert at most once). Two output sets with equal canonical forms, bit for bit, are the same answer; the
+    perf guard uses this to accept a timed call whose outputs equal the baseline's for the same inputs
+    without recomputing the reference (different forms get the full :func:`check`).
 
     Args:
         outputs: the five outputs (name -> tensor), as :func:`reference` returns them.
         params: as for :func:`reference` (``block_size`` is used).
 
     Returns:
-        Tensors (name -> tensor) on the CPU.
+        Tensors (name -> tensor) on the CPU; ``sorted_token_ids`` as (n, 3) int64 rows (names a slot: 1 or
+        0, token or raw value, expert or -1), sorted within each segment.
 
-    Source: kernel_targets.md §3.5 (order within a row and within a segment is free).
+    Source: kernel_targets.md §3.5 (order within a row and within a segment is free), §3.1 (the dispatch
+    names (token, slot) pairs: ``sorted_token_ids // top_k`` is the token, the slot selects the expert).
     """
     ids, w = outputs["topk_ids"].cpu(), outputs["topk_weights"].cpu()
     ids_s, order = torch.sort(ids.long(), dim=1, stable=True)
@@ -526,12 +532,18 @@ def canonical(outputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) ->
     K = ids.shape[1]
     sti, eids = outputs["sorted_token_ids"].cpu().long(), outputs["expert_ids"].cpu().long()
     sentinel = ids.numel()
-    sti = torch.where((sti >= 0) & (sti < sentinel), sti // max(K, 1), sti)
+    slot = (sti >= 0) & (sti < sentinel)
+    token = torch.where(slot, sti // max(K, 1), sti)
+    expert = (torch.where(slot, ids.reshape(-1).long()[sti.clamp(0, max(sentinel - 1, 0))], -1) if sentinel
+              else torch.full_like(sti, -1))
     owner = eids.repeat_interleave(B)[: sti.numel()]
     if owner.numel() < sti.numel():
         owner = torch.cat([owner, torch.full((sti.numel() - owner.numel(),), -1, dtype=torch.long)])
-    key = (owner + 1) * (sti.abs().max().clamp(min=1) + 2) + sti
-    return {"topk_ids": ids_s, "topk_weights": torch.gather(w, 1, order), "sorted_token_ids": sti[torch.argsort(key, stable=True)],
+    rows = torch.stack([slot.long(), token, expert], dim=1)
+    perm = torch.arange(sti.numel())
+    for key in (expert, token, slot.long(), owner):  # lexicographic (owner, slot, token, expert): stable passes
+        perm = perm[torch.argsort(key[perm], stable=True)]
+    return {"topk_ids": ids_s, "topk_weights": torch.gather(w, 1, order), "sorted_token_ids": rows[perm],
             "expert_ids": eids, "num_tokens_post_padded": outputs["num_tokens_post_padded"].cpu()}
 
 

@@ -516,3 +516,40 @@ def test_check_fast_paths_say_what_the_full_walk_says(name: str, monkeypatch) ->
         assert fast == full, (name, what)
         assert (fast == []) == (what in ("unchanged", "rows permuted", "a segment shuffled",
                                               "weights inside the tolerance")), (name, what, fast)
+
+
+# --- canonical: what the perf guard takes for the baseline's answer without the full check ---------------------
+
+def _same_answer(got: dict, base: dict, params: dict) -> bool:
+    from guards.perf import _same_answer as same
+
+    return same(got, base, ref.canonical, params, TOL)
+
+
+def test_canonical_equates_the_orders_the_contract_leaves_free() -> None:
+    inputs, params, want = _case("k3_t8", seed=5)
+    gen = torch.Generator().manual_seed(1)
+    perm = torch.stack([torch.randperm(params["top_k"], generator=gen) for _ in range(8)])
+    got = {"topk_ids": want["topk_ids"].gather(1, perm), "topk_weights": want["topk_weights"].gather(1, perm)}
+    got.update(ref.align(got["topk_ids"], 896, params["block_size"]))  # other flat indices for the same pairs
+    B, s = params["block_size"], got["sorted_token_ids"]
+    s[:B] = s[:B][torch.randperm(B, generator=gen)]  # the first segment's order, sentinels included
+    assert got["sorted_token_ids"].tolist() != want["sorted_token_ids"].tolist()
+    assert ref.check(inputs, params, got, want, TOL) == [] and _same_answer(got, want, params)
+
+
+def test_canonical_tells_a_wrong_slot_of_the_right_token_apart() -> None:
+    """Session 26's red team: every dispatch entry moved to slot 0 of its token (the expert GEMM would read
+    the first expert's weight for every slot) had the baseline's canonical form while token indices alone
+    stood for the entries; the full check rejects it, and so must the per-call comparison."""
+    inputs, params, want = _case("k3_t8", seed=5)
+    K, numel = params["top_k"], want["topk_ids"].numel()
+    bad = _clone(want)
+    s = bad["sorted_token_ids"]
+    named = s < numel
+    s[named] = s[named] // K * K
+    assert ref.check(inputs, params, bad, want, TOL) != []
+    assert not _same_answer(bad, want, params)
+    sentinel = _clone(want)  # a routed entry replaced by the sentinel is another answer too
+    sentinel["sorted_token_ids"][0] = numel
+    assert ref.check(inputs, params, sentinel, want, TOL) != [] and not _same_answer(sentinel, want, params)
