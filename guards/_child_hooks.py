@@ -93,9 +93,26 @@ def _writes(mode, flags) -> bool:
     return False
 
 
+PROC_PRIVATE = frozenset({"maps", "smaps", "smaps_rollup", "numa_maps", "mem", "pagemap", "map_files", "environ",
+                          "fd", "fdinfo", "cmdline", "auxv", "stack", "syscall"})
+"""Entries of this process's ``/proc`` folder that candidate code may not read: its memory map, memory, environment,
+open files and command line say which harness runs it (the perf child's shared call slots, the correctness child's
+request, its argv), which no serving process shows. Session 26's red team: a kernel that read ``/proc/self/maps``
+(path built from pieces, past the audit), found the perf slots and repeated its work 4x everywhere else was accepted."""
+
+
+def _proc_private(path: str) -> bool:
+    """Whether ``path`` is one of this process's :data:`PROC_PRIVATE` entries (or a thread's)."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[1] != "proc" or parts[2] not in ("self", "thread-self", str(os.getpid())):
+        return False
+    return parts[3] in PROC_PRIVATE
+
+
 def _proc_ok(path: str) -> bool:
-    """``/proc`` entries of this process and the machine's (cpuinfo, meminfo, ...), not other processes'."""
-    if not path.startswith("/proc/"):
+    """``/proc`` entries of the machine (cpuinfo, meminfo, ...) and of this process, except
+    :data:`PROC_PRIVATE`; never other processes'."""
+    if not path.startswith("/proc/") or _proc_private(path):
         return False
     head = path.split("/")[2]
     return not head.isdigit() or head == str(os.getpid())
@@ -211,8 +228,17 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
                     deny(f"writing {path} (outside the child's private scratch folder)", access=True)
             elif _under(path, (git_meta,)):  # where the checkout came from, its branch: nothing a kernel reads
                 deny(f"reading {path} (the checkout's git metadata)", access=True)
+            elif _proc_private(path):
+                deny(f"reading {path} (this process's memory map, memory, environment, open files or command line: "
+                     "they tell which harness runs the kernel)", access=True)
             elif not _under(path, read_roots) and not _proc_ok(path):
                 deny(f"reading {path} (outside the worktree, the scratch folder and the Python installation)",
+                     access=True)
+            return
+        if event in ("os.listdir", "os.scandir"):
+            path = _path_of(args[0]) if args and isinstance(args[0], (str, bytes, os.PathLike)) else None
+            if path is not None and _proc_private(path):
+                deny(f"listing {path} (this process's open files: they tell which harness runs the kernel)",
                      access=True)
             return
         if event in _WRITE_EVENTS:

@@ -151,7 +151,7 @@ def call_server(root: Path, request: dict[str, Any], workloads: list[dict[str, A
 
     slot_bytes = max(P.slot_layout(w["inputs"], w["outputs"])[1] for w in workloads)
     size = P.SLOTS * slot_bytes
-    shm = os.memfd_create("wb-call-slots", 0)
+    shm = os.memfd_create("shm", 0)  # a neutral name: the mapping shows in the child's /proc/self/maps
     os.ftruncate(shm, size)
     cmd_r, cmd_w = os.pipe()
     ack_r, ack_w = os.pipe()

@@ -192,13 +192,19 @@ def test_a_scope_that_differs_between_processes_fails_the_child(tmp_path):
 @pytest.mark.slow
 def test_the_request_reaches_the_child_in_memory_and_its_fd_is_closed_before_candidate_code(tmp_path):
     """The request travels in a memfd the child reads (``guards.sandbox.child_session``): nothing of it is on disk
-    in the child's home, and candidate code finds no open fd to it (it could seek back to the start) nor a
-    mapping (a sign that it runs in the judge's child, which a serving process never shows)."""
+    in the child's home, and candidate code finds no open fd to it (it could seek back to the start). (Nor a
+    mapping: candidate code may not read ``/proc/self/maps`` at all, see the test below; the fds are probed
+    here with ``os.readlink``, which no audit event reports.)"""
     src = ("import os\n"
-           "fds = {f: os.readlink(f'/proc/self/fd/{f}') for f in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{f}')}\n"
+           "def _link(n):\n"
+           "    try:\n"
+           "        return os.readlink(f'/proc/self/fd/{n}')\n"
+           "    except OSError:\n"
+           "        return None\n"
+           "fds = {n: _link(n) for n in range(256)}\n"
+           "fds = {n: v for n, v in fds.items() if v is not None}\n"
            "home = sorted(os.listdir(os.environ['HOME']))\n"
-           "maps = sorted({ln.split(None, 5)[5].strip() for ln in open('/proc/self/maps') if 'memfd:' in ln})\n"
-           "raise RuntimeError(f'FDS={sorted(fds.values())} HOME={home} MAPS={maps}')\n")
+           "raise RuntimeError(f'FDS={sorted(fds.values())} HOME={home} MAPS=[]')\n")
     out = _run(_worktree(tmp_path, src))
     assert out.problem is None and out.response is not None
     err = out.response["error"]
@@ -208,4 +214,31 @@ def test_the_request_reaches_the_child_in_memory_and_its_fd_is_closed_before_can
     assert m, err  # the candidate's report came back
     assert "pipe:" in m.group(1) and "memfd:" not in m.group(1), m.group(1)  # no fd to the request's memfd
     assert "request" not in m.group(2), m.group(2)  # nor a file in the child's home
-    assert m.group(3) == "[]", m.group(3)  # nor a mapping of it: no sign, in the child, of the judge's request
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry, denied", [("maps", True), ("mem", True), ("environ", True), ("cmdline", True),
+                                           ("fd", True), ("status", False)])
+def test_candidate_code_may_not_read_its_own_memory_map_environment_or_fds(entry, denied):
+    """Session 26's red team: a kernel read ``/proc/self/maps`` (path built from pieces, past the audit),
+    saw the perf child's call slots and did its work 4x in every other process. The runtime hooks refuse
+    the entries of ``/proc/self`` that tell the harness (``guards._child_hooks.PROC_PRIVATE``); the others
+    (``status``) stay readable."""
+    from guards.judged_tree import judged_tree
+    from guards.sandbox import run_child
+    from tests.conftest import REPO_ROOT, git
+
+    head = git(REPO_ROOT, "rev-parse", "HEAD")
+    with judged_tree(REPO_ROOT, head, "kernel-workbench") as tree:
+        kernel = tree / "k3_model/kernels/moe_dispatch/__init__.py"
+        read = (f"import os as _os\n_os.listdir('/pr' + 'oc/self/{entry}')\n" if entry == "fd" else
+                f"import io as _io\nwith _io.open('/pr' + 'oc/self/{entry}', 'rb') as _f:\n    _f.read(64)\n")
+        kernel.write_text(kernel.read_text() + "\n" + read)
+        req = {"mode": "correctness", "target": "k3_model.ops.moe_dispatch:moe_route_dispatch", "op": "moe_dispatch",
+               "device": "cpu", "decode_backend": "latency_specialized", "cases": []}
+        out = run_child(tree, req, timeout_s=60, memory_bytes=8 * 2**30, device="cpu")
+    error = str((out.response or {}).get("error") or "")
+    if denied:
+        assert "HarnessDenied: " in error and f"/{entry} (this process's " in error, error[-800:]
+    else:
+        assert out.response and out.response.get("ok") and not error, (out.problem, error[-800:])
