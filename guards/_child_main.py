@@ -222,8 +222,8 @@ def _correctness_case(fn, fc, rt, req, case):
     backend = req["decode_backend"]
     results = []
 
-    def one(inputs, label, threads, inference=False):
-        outs = _buffers(case["outputs"], device)
+    def one(inputs, label, threads, inference=False, outs=None):
+        outs = _buffers(case["outputs"], device) if outs is None else outs
         rec = {"label": label, "error": None, "trace": [], "torch_threads": threads, "inference_mode": inference}
         _set_call_threads(threads)
         _barrier()
@@ -242,18 +242,22 @@ def _correctness_case(fn, fc, rt, req, case):
             problem = _after_call_problem()  # threads, torch state, hooks, patches
             if problem:
                 rec["error"] = problem
-        return rec
+        return rec, outs
 
     threads = _call_threads()
     buf = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
-    results.append(one(buf, "a_fresh", threads[0]))
+    rec, outs_a = one(buf, "a_fresh", threads[0])
+    results.append(rec)
     for k, v in case["inputs_b"].items():  # same storage, new data: defeats caches keyed by pointer
         buf[k].copy_(v.to(device))
-    results.append(one(buf, "b_reused_buffers", threads[1]))
+    # the second call writes into the first call's output buffers as that call left them (plausible, stale values),
+    # as a model reuses its buffers: outputs filled with a poison value must not be the only ones a kernel is
+    # judged on (session 26's red team: a kernel wrong whenever its outputs did not look poisoned was accepted)
+    results.append(one(buf, "b_reused_buffers", threads[1], outs=outs_a)[0])
     fresh = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     # the repeat runs under torch.inference_mode(), as vLLM serves (session 21's red team: a kernel wrong only
     # there was accepted while every call ran outside it)
-    results.append(one(fresh, "a_repeat", threads[2], inference=True))
+    results.append(one(fresh, "a_repeat", threads[2], inference=True)[0])
     _set_call_threads(threads[0])
     out = {"name": case["name"], "calls": results}
     if case.get("graph") and device == "cuda" and _ran_kernel(results[0]["trace"], req["op"]):

@@ -109,6 +109,18 @@ IDENTITY_OS_CALLS = {"getpid", "getppid", "getuid", "geteuid", "getgid", "getegi
                      "getresuid", "getresgid", "get_terminal_size", "ctermid", "umask"}
 """What tells one process from another (interpreter flags, argv, pids, uid, cwd, cores, load): a kernel
 computes the same thing in the judge's children as in a serving process, so it has no use for them."""
+HOME_ATTRS = {"expanduser", "expandvars"}
+"""``os.path`` calls that read the process environment (``HOME``, any ``$VAR``): the judge's children run with a
+home of their own, so reading it tells them from a serving process (session 26's red team: a kernel that dropped the
+selection bias unless ``~`` was a judge child's home was accepted). ``Path.home()`` is flagged with them."""
+MODULE_ACCESS_BASES = {"sys", "os", "io", "gc", "builtins", "importlib", "posixpath", "pathlib", "codecs",
+                       "threading", "_io"}
+"""Modules whose attributes ``getattr(module, ...)`` may not reach: every name the rules flag by attribute
+(``sys.modules``, ``os.environ``, ``io.open``, ...) would be reached by a string (session 26's red team:
+``getattr(sys, "modules")["gc"]`` found the garbage collector's state, which only the perf child turns off)."""
+FILE_OPENERS = {("io", "open"), ("io", "open_code"), ("io", "FileIO"), ("_io", "open"), ("_io", "FileIO"),
+                ("codecs", "open")}
+"""``open`` under other names (session 26's red team read ``/proc/self/maps`` through ``io.open``)."""
 IDENTITY_NAMES = {"os": IDENTITY_OS_CALLS, "sys": IDENTITY_SYS_ATTRS}
 """Module -> its names the ``process-identity`` rule flags."""
 IDENTITY_TENSOR_ATTRS = {"_version", "_base", "_cdata", "_is_view", "_backward_hooks", "_python_dispatch"}
@@ -520,6 +532,12 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "file-access", f"calls .{f.attr}()")
             elif f.attr in FS_PROBE_METHODS and root not in self.tensor_names:
                 self.add(node, "file-access", f"calls .{f.attr}(): probes the file system around the kernel")
+        if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr") and not self._is_local(f.id) and node.args \
+                and isinstance(node.args[0], ast.Name):
+            mod = self.imported.get(node.args[0].id, "").split(".")[0]
+            if mod in MODULE_ACCESS_BASES:
+                self.add(node, "monkeypatch", f"calls {f.id}({node.args[0].id}, ...): reaches {mod}'s attributes by "
+                                              "a string, past the rules that name them")
         if isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id in self.module_names \
                 and not self._is_local(node.args[0].id):
@@ -540,6 +558,10 @@ class _PyAudit(ast.NodeVisitor):
                                                "activations")
         elif base == "os" and node.attr in OS_CALLS and isinstance(node.value, ast.Name):
             self.add(node, OS_CALLS[node.attr], f"uses {dotted}")
+        elif node.attr in HOME_ATTRS or (node.attr == "home" and dotted.endswith("Path.home")):
+            self.add(node, "environment", f"uses {dotted}: reads the process environment (HOME and other variables)")
+        elif (base, node.attr) in FILE_OPENERS:
+            self.add(node, "file-access", f"uses {dotted}")
         elif base == "sys" and node.attr in SYS_ATTRS and isinstance(node.value, ast.Name):
             self.add(node, "monkeypatch", f"uses {dotted}")
         elif node.attr in TIMER_ATTRS and (node.attr != "Event" or base == "torch"):
