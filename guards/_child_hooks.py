@@ -93,29 +93,27 @@ def _writes(mode, flags) -> bool:
     return False
 
 
-PROC_PRIVATE = frozenset({"maps", "smaps", "smaps_rollup", "numa_maps", "mem", "pagemap", "map_files", "environ",
-                          "fd", "fdinfo", "cmdline", "auxv", "stack", "syscall"})
-"""Entries of this process's ``/proc`` folder that candidate code may not read: its memory map, memory, environment,
-open files and command line say which harness runs it (the perf child's shared call slots, the correctness child's
-request, its argv), which no serving process shows. Session 26's red team: a kernel that read ``/proc/self/maps``
-(path built from pieces, past the audit), found the perf slots and repeated its work 4x everywhere else was accepted."""
+PROC_OWN_LISTABLE = ("task",)
+"""The only entry of this process's ``/proc`` folder anyone may use while the hooks are armed: listing ``task``
+(the harness's thread census). Everything else there (memory map, memory, environment, open fds, command line,
+status, limits, ...) says which harness runs the kernel, which no serving process shows. Session 26's red team: a
+kernel that read ``/proc/self/maps`` (path built from pieces, past the audit) found the perf child's shared call
+slots and repeated its work 4x everywhere else, accepted; the review after it reached the same entries through
+``/proc/thread-self`` and ``/proc/self/task/<tid>``. Machine-wide entries (cpuinfo, meminfo, ...) stay readable."""
 
 
-def _proc_private(path: str) -> bool:
-    """Whether ``path`` is one of this process's :data:`PROC_PRIVATE` entries (or a thread's)."""
+def _proc_own(path: str) -> bool:
+    """Whether the resolved ``path`` is this process's ``/proc/<pid>`` folder or anything under it (``self``,
+    ``thread-self`` and ``task/<tid>`` resolve there)."""
     parts = path.split("/")
-    if len(parts) < 4 or parts[1] != "proc" or parts[2] not in ("self", "thread-self", str(os.getpid())):
-        return False
-    return parts[3] in PROC_PRIVATE
+    return len(parts) >= 3 and parts[1] == "proc" and parts[2] in ("self", "thread-self", str(os.getpid()))
 
 
 def _proc_ok(path: str) -> bool:
-    """``/proc`` entries of the machine (cpuinfo, meminfo, ...) and of this process, except
-    :data:`PROC_PRIVATE`; never other processes'."""
-    if not path.startswith("/proc/") or _proc_private(path):
+    """Machine-wide ``/proc`` entries (cpuinfo, meminfo, ...); never a process's own or another's."""
+    if not path.startswith("/proc/") or _proc_own(path):
         return False
-    head = path.split("/")[2]
-    return not head.isdigit() or head == str(os.getpid())
+    return not path.split("/")[2].isdigit()
 
 
 def _real_file(name) -> bool:
@@ -228,18 +226,24 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
                     deny(f"writing {path} (outside the child's private scratch folder)", access=True)
             elif _under(path, (git_meta,)):  # where the checkout came from, its branch: nothing a kernel reads
                 deny(f"reading {path} (the checkout's git metadata)", access=True)
-            elif _proc_private(path):
-                deny(f"reading {path} (this process's memory map, memory, environment, open files or command line: "
-                     "they tell which harness runs the kernel)", access=True)
+            elif _proc_own(path):
+                deny(f"reading {path} (this process's /proc entries: memory map, memory, environment, open files, "
+                     "command line and status tell which harness runs the kernel)", access=True)
+            elif os.path.isdir(path) and is_candidate(nearest_outside_stdlib()):
+                deny(f"opening the folder {path} (a folder fd opens files by relative names, past these checks)",
+                     access=True)
             elif not _under(path, read_roots) and not _proc_ok(path):
                 deny(f"reading {path} (outside the worktree, the scratch folder and the Python installation)",
                      access=True)
             return
         if event in ("os.listdir", "os.scandir"):
+            if args and isinstance(args[0], int):
+                if is_candidate(nearest_outside_stdlib()):
+                    deny("listing a folder by its fd (past these checks)", access=True)
+                return
             path = _path_of(args[0]) if args and isinstance(args[0], (str, bytes, os.PathLike)) else None
-            if path is not None and _proc_private(path):
-                deny(f"listing {path} (this process's open files: they tell which harness runs the kernel)",
-                     access=True)
+            if path is not None and _proc_own(path) and path.split("/")[3:] not in ([e] for e in PROC_OWN_LISTABLE):
+                deny(f"listing {path} (this process's /proc entries tell which harness runs the kernel)", access=True)
             return
         if event in _WRITE_EVENTS:
             for a in args[:2]:

@@ -250,10 +250,14 @@ def _correctness_case(fn, fc, rt, req, case):
     results.append(rec)
     for k, v in case["inputs_b"].items():  # same storage, new data: defeats caches keyed by pointer
         buf[k].copy_(v.to(device))
-    # the second call writes into the first call's output buffers as that call left them (plausible, stale values),
-    # as a model reuses its buffers: outputs filled with a poison value must not be the only ones a kernel is
-    # judged on (session 26's red team: a kernel wrong whenever its outputs did not look poisoned was accepted)
+    # the second call writes into the first call's output buffers holding that call's values, shuffled: plausible
+    # values (the kernel's own kinds of ids, weights, counts) where none of them belongs, as a model's reused
+    # buffers hold another step's: outputs filled with a poison value must not be the only ones a kernel is judged
+    # on (session 26's red team: a kernel wrong whenever its outputs did not look poisoned was accepted), and a
+    # kernel that skips writing what it finds "still valid" meets values that are not (the review after it)
+    _shuffle(outs_a)
     results.append(one(buf, "b_reused_buffers", threads[1], outs=outs_a)[0])
+    del outs_a
     fresh = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     # the repeat runs under torch.inference_mode(), as vLLM serves (session 21's red team: a kernel wrong only
     # there was accepted while every call ran outside it)
@@ -263,6 +267,17 @@ def _correctness_case(fn, fc, rt, req, case):
     if case.get("graph") and device == "cuda" and _ran_kernel(results[0]["trace"], req["op"]):
         out["graph"] = _graph_case(fn, fc, rt, req, case)
     return out
+
+
+def _shuffle(outs):
+    """Permute each output buffer's elements at random, in place (a permutation drawn from :data:`_RNG`)."""
+    import torch
+
+    for t in outs.values():
+        if t.numel() > 1:
+            g = torch.Generator().manual_seed(_RNG.getrandbits(63))
+            perm = torch.randperm(t.numel(), generator=g).to(t.device)
+            t.copy_(t.flatten()[perm].reshape(t.shape))
 
 
 def _device_copy(v, device):
@@ -694,6 +709,7 @@ def _serve(fn, fc, rt, req, nonce):
     if req.get("route_as") and backend == "latency_specialized":  # the baseline side (guards/perf.py _judge)
         routed = _route_standard_as(req["op"], device, req["route_as"])
     mm = mmap.mmap(sv["shm_fd"], sv["shm_bytes"])
+    os.close(sv["shm_fd"])  # the mapping stays; no fd to it for candidate code to find (os.fstat, readlink)
     buf = torch.frombuffer(mm, dtype=torch.uint8)
     cmd_fd, ack_fd = sv["cmd_fd"], sv["ack_fd"]
     impls: dict = {}

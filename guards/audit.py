@@ -113,6 +113,11 @@ HOME_ATTRS = {"expanduser", "expandvars"}
 """``os.path`` calls that read the process environment (``HOME``, any ``$VAR``): the judge's children run with a
 home of their own, so reading it tells them from a serving process (session 26's red team: a kernel that dropped the
 selection bias unless ``~`` was a judge child's home was accepted). ``Path.home()`` is flagged with them."""
+REEXPORTED_MODULES = {"os", "sys", "io", "_io", "gc", "builtins", "importlib", "inspect", "ctypes", "subprocess",
+                      "posix", "threading", "signal", "socket", "time"}
+"""Modules other modules re-export as attributes (``os.path.os``, ``torch.sys``, ``torch.os``): reaching one that
+way passes every rule that names the module (session 26's review: ``torch.sys.modules["gc"]`` and
+``os.path.os.environ`` had no finding). A kernel imports what it uses."""
 MODULE_ACCESS_BASES = {"sys", "os", "io", "gc", "builtins", "importlib", "posixpath", "pathlib", "codecs",
                        "threading", "_io"}
 """Modules whose attributes ``getattr(module, ...)`` may not reach: every name the rules flag by attribute
@@ -136,7 +141,7 @@ FILE_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "touch",
                 "mkdir", "unlink", "rmdir"}
 FS_PROBE_METHODS = {"iterdir", "glob", "rglob", "is_file", "is_dir", "is_symlink", "is_mount", "exists", "lexists",
                     "stat", "lstat", "samefile", "listdir", "scandir", "walk", "isfile", "isdir", "islink",
-                    "getsize", "getmtime", "getctime", "getatime"}
+                    "getsize", "getmtime", "getctime", "getatime", "fstat", "readlink", "realpath", "resolve"}
 """Calls that look at the file system around the kernel: what the checkout holds tells the judge's tree
 from a serving one (session 10's red team: "is ``.git`` a file?"), and a kernel computes the same either way."""
 LOCATION_NAMES = {"__file__", "__spec__", "__loader__", "__path__", "__cached__"}
@@ -551,7 +556,11 @@ class _PyAudit(ast.NodeVisitor):
         if root and dotted.startswith(root + ".") and root in self.imported:
             dotted = bound + dotted[len(root):]  # resolve import aliases: dispatch.select -> k3_model.dispatch.select
         base = bound.split(".")[0] if bound else ""
-        if isinstance(node.value, ast.Name) and node.attr in IDENTITY_NAMES.get(base, ()):
+        if node.attr in REEXPORTED_MODULES and isinstance(node.value, (ast.Name, ast.Attribute)) \
+                and (root in self.imported or root in ("torch", "numpy", "np")):
+            self.add(node, "monkeypatch", f"uses {dotted}: reaches the {node.attr} module through another one, past "
+                                          "the rules that name it")
+        elif isinstance(node.value, ast.Name) and node.attr in IDENTITY_NAMES.get(base, ()):
             self.add(node, "process-identity", f"uses {dotted}: tells the judge's child from a serving process")
         elif node.attr in IDENTITY_TENSOR_ATTRS:
             self.add(node, "process-identity", f"uses .{node.attr}: tells the judge's refilled buffers from fresh "

@@ -3,8 +3,10 @@
 Cases = the task's workloads plus random draws inside the declared scope (seeded at run time, never
 shown to the candidate). Each case is called three times in a child process: fresh buffers;
 the same buffers refilled with other data (an output cache keyed by pointer returns stale data);
-fresh buffers again (a moving result is a race). Outputs are poisoned before each call, inputs must
-be unchanged after it, and outputs are compared in this process against ``reference.py`` with the
+fresh buffers again (a moving result is a race). Outputs are poisoned before the first and third
+call; the second call's output buffers are the first call's, their values shuffled (plausible values
+where none belongs, as a model's reused buffers hold another step's). Inputs must
+be unchanged after each call, and outputs are compared in this process against ``reference.py`` with the
 task's ``check`` (or per-output tolerances when the task has none). When the kernel's scope declares
 shapes (``OpScope.shapes``), every configuration outside them (run by the standard path), a fixed
 workload as much as a random draw, gets a counterpart moved inside them, run in a second child

@@ -102,6 +102,12 @@ BAD = [
     ("monkeypatch", "import os as _o\n_E = hasattr(_o, 'environ')\n", 2),
     ("file-access", "import io\nwith io.open('/pr' + 'oc/self/ma' + 'ps', 'rb') as _f:\n    _f.read()\n", 2),
     ("file-access", "import codecs\n_F = codecs.open('x')\n", 2),
+    # the review after it: the same names reached through modules that re-export os and sys, fds probed
+    ("monkeypatch", "import torch\n_GC = torch.sys.modules['gc']\n", 2),
+    ("monkeypatch", "import os\n_H = os.path.os.environ['HOME']\n", 2),
+    ("file-access", "import os\n_S = os.fstat(5).st_size\n", 2),
+    ("file-access", "import os\n_L = os.readlink('/pr' + 'oc/self/fd/5')\n", 2),
+    ("file-access", "import os\n_R = os.path.realpath('/pr' + 'oc/self/fd/5')\n", 2),
 ]
 
 

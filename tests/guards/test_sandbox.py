@@ -216,29 +216,41 @@ def test_the_request_reaches_the_child_in_memory_and_its_fd_is_closed_before_can
     assert "request" not in m.group(2), m.group(2)  # nor a file in the child's home
 
 
+_PROC_READS = {  # what candidate code tries -> whether the runtime hooks refuse it
+    "maps": ("import io as _io\nwith _io.open('/pr' + 'oc/self/maps', 'rb') as _f:\n    _f.read(64)\n", True),
+    "mem": ("import io as _io\nwith _io.open('/proc/self/mem', 'rb') as _f:\n    pass\n", True),
+    "environ": ("import io as _io\nwith _io.open('/proc/self/environ', 'rb') as _f:\n    _f.read(64)\n", True),
+    "status": ("import io as _io\nwith _io.open('/proc/self/status', 'rb') as _f:\n    _f.read(64)\n", True),
+    "thread-self maps": ("import io as _io\nwith _io.open('/proc/thread-self/maps', 'rb') as _f:\n    _f.read(64)\n", True),
+    "task tid maps": ("import os as _os\nwith open(f'/proc/self/task/{_os.getpid()}/maps', 'rb') as _f:\n    _f.read(64)\n", True),
+    "fd listing": ("import os as _os\n_os.listdir('/pr' + 'oc/self/fd')\n", True),
+    "dir fd": ("import os as _os\n_d = _os.open('/proc', _os.O_RDONLY)\n_os.open('self/maps', _os.O_RDONLY, dir_fd=_d)\n", True),
+    "cpuinfo": ("import io as _io\nwith _io.open('/proc/cpuinfo', 'rb') as _f:\n    _f.read(64)\n", False),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("entry, denied", [("maps", True), ("mem", True), ("environ", True), ("cmdline", True),
-                                           ("fd", True), ("status", False)])
-def test_candidate_code_may_not_read_its_own_memory_map_environment_or_fds(entry, denied):
+@pytest.mark.parametrize("what", list(_PROC_READS))
+def test_candidate_code_may_not_read_its_own_proc_entries(what):
     """Session 26's red team: a kernel read ``/proc/self/maps`` (path built from pieces, past the audit),
-    saw the perf child's call slots and did its work 4x in every other process. The runtime hooks refuse
-    the entries of ``/proc/self`` that tell the harness (``guards._child_hooks.PROC_PRIVATE``); the others
-    (``status``) stay readable."""
+    saw the perf child's call slots and did its work 4x in every other process; the review after it reached
+    the same entries through ``/proc/thread-self``, ``/proc/self/task/<tid>`` and a folder fd. The runtime
+    hooks refuse this process's ``/proc`` entries (``guards._child_hooks._proc_own``) and folder fds to
+    candidate code; machine-wide entries (``/proc/cpuinfo``) stay readable."""
     from guards.judged_tree import judged_tree
     from guards.sandbox import run_child
     from tests.conftest import REPO_ROOT, git
 
+    src, denied = _PROC_READS[what]
     head = git(REPO_ROOT, "rev-parse", "HEAD")
     with judged_tree(REPO_ROOT, head, "kernel-workbench") as tree:
         kernel = tree / "k3_model/kernels/moe_dispatch/__init__.py"
-        read = (f"import os as _os\n_os.listdir('/pr' + 'oc/self/{entry}')\n" if entry == "fd" else
-                f"import io as _io\nwith _io.open('/pr' + 'oc/self/{entry}', 'rb') as _f:\n    _f.read(64)\n")
-        kernel.write_text(kernel.read_text() + "\n" + read)
+        kernel.write_text(kernel.read_text() + "\n" + src)
         req = {"mode": "correctness", "target": "k3_model.ops.moe_dispatch:moe_route_dispatch", "op": "moe_dispatch",
                "device": "cpu", "decode_backend": "latency_specialized", "cases": []}
         out = run_child(tree, req, timeout_s=60, memory_bytes=8 * 2**30, device="cpu")
     error = str((out.response or {}).get("error") or "")
     if denied:
-        assert "HarnessDenied: " in error and f"/{entry} (this process's " in error, error[-800:]
+        assert "HarnessDenied: " in error and ("/proc entries" in error or "folder" in error), error[-800:]
     else:
         assert out.response and out.response.get("ok") and not error, (out.problem, error[-800:])
