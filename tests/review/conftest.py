@@ -15,7 +15,9 @@ import pytest
 from review_helpers import REVIEWER, Repo, fresh_postgres_db, git
 
 from tests.conftest import (
+    CPU_GAIN_JUDGINGS,
     expecting_gain,
+    gain_unconfirmed,
     once_per_session,
     set_aside_merged_kernels,
     shared_session_dir,
@@ -28,9 +30,9 @@ GOOD = f"tasks/{TASK}/fixtures/good/lean-torch-cpu"
 BAD = f"tasks/{TASK}/fixtures/bad/isolation-edits-test.patch"
 
 
-TEMPLATE_JUDGINGS = 2
-"""Judgings of the good fixture at most while the template is built: a second one (pooled with the first,
-workbench/retries.py) only when perf alone rejected it. Its accept rests on a CPU perf gain, which a
+TEMPLATE_JUDGINGS = CPU_GAIN_JUDGINGS
+"""Judgings of the good fixture at most while the template is built: a later one (pooled with the earlier,
+workbench/retries.py) only when perf found its gain unconfirmed. Its accept rests on a CPU perf gain, which a
 loaded 2-core machine can hide (session 20's rehearsal: mini_t1 1.275x with the interval down to 0.93 at
 load 3.4, "judge it on a quiet machine"), and one such run turned every review test into an error."""
 
@@ -54,7 +56,7 @@ def _build_template(root: Path) -> tuple[Path, Path]:
             with expecting_gain():  # the accept rests on a CPU perf gain
                 good, good_path = run_candidate(root, TASK, str(root / GOOD), device="cpu", seed=7)
             failure = good.first_failure()
-            if good.accepted or failure is None or failure.guard != "perf":
+            if not gain_unconfirmed(failure):
                 break
         assert good.accepted, [v.one_line() for v in good.verdicts]
         bad, bad_path = run_candidate(root, TASK, str(root / BAD), device="cpu", seed=7)

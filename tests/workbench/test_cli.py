@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SUITE_MODEL_EVAL
+from tests.conftest import CPU_GAIN_JUDGINGS, SUITE_MODEL_EVAL
 
 GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input.inject.toml"
@@ -32,10 +32,11 @@ def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.Com
                           env=env, timeout=600)
 
 
-def _failed_guards(p: subprocess.CompletedProcess) -> list[str]:
-    """The guards that failed in the result file a `workbench run` printed last."""
+def _gain_unconfirmed(p: subprocess.CompletedProcess) -> bool:
+    """Whether the result a `workbench run` printed last failed only at perf, on a gain not confirmed."""
     data = json.loads(Path(p.stdout.strip().splitlines()[-1]).read_text())
-    return [v["guard"] for v in data["verdicts"] if v["status"] == "FAIL"]
+    failed = [v for v in data["verdicts"] if v["status"] in ("FAIL", "ERROR")]
+    return [v["guard"] for v in failed] == ["perf"] and "is no real gain" in failed[0]["summary"]
 
 
 @pytest.mark.slow
@@ -43,12 +44,12 @@ def _failed_guards(p: subprocess.CompletedProcess) -> list[str]:
 def test_run_accepts_good_and_prints_result_path_last(project_repo):
     p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
     judging = 1
-    if p.returncode == 1 and _failed_guards(p) == ["perf"]:
+    while p.returncode == 1 and _gain_unconfirmed(p) and judging < CPU_GAIN_JUDGINGS:
         # a CPU gain that one timing on a noisy 2-core machine did not confirm (session 25's landing CI: mini_t1
-        # 1.236x with the interval down to 0.993): judged again, pooled with the first judging
+        # 1.236x with the interval down to 0.993): judged again, pooled with the earlier judgings
         # (workbench/retries.py), as a user re-runs; a real regression stays one
         p = wb(project_repo, "run", "k3_moe_dispatch", "--candidate", GOOD, "--device", "cpu", suite_model_eval=True)
-        judging = 2
+        judging += 1
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines()[0] == f"k3_moe_dispatch candidate {GOOD}: ACCEPTED"
     last = Path(p.stdout.strip().splitlines()[-1])

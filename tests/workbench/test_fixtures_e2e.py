@@ -8,7 +8,7 @@ import json
 import pytest
 
 import guards.correctness
-from tests.conftest import REPO_ROOT
+from tests.conftest import CPU_GAIN_JUDGINGS, REPO_ROOT, gain_unconfirmed
 from workbench.fixtures import fixture_outcome_ok, list_fixtures
 from workbench.pipeline import draw_runtime_seed, run_candidate
 from workbench.taskspec import list_task_ids, load_task
@@ -57,12 +57,14 @@ def test_fixture_judged_as_named(project_repo, shared_derivations, task_id, fx):
     src = project_repo / (fx.defined_in or fx.path).relative_to(REPO_ROOT)  # an inject file: judged as given
     result, path = run_candidate(project_repo, task_id, str(src), device="cpu", seed=_session_seed(task_id))
     failure = result.first_failure()
-    if fx.good and failure is not None and failure.guard == "perf":
+    judging = 1
+    while fx.good and gain_unconfirmed(failure) and judging < CPU_GAIN_JUDGINGS:
         # a CPU gain that one timing on a noisy 2-core machine did not confirm (session 20: 1.12x with the
-        # interval down to 0.97): judged again, pooled with the first judging (workbench/retries.py), as a
+        # interval down to 0.97): judged again, pooled with the earlier judgings (workbench/retries.py), as a
         # user re-runs; a real regression stays one (pooling narrows the interval, it does not move it)
         result, path = run_candidate(project_repo, task_id, str(src), device="cpu", seed=_session_seed(task_id))
         failure = result.first_failure()
+        judging += 1
     assert result.seed == _session_seed(task_id)
     assert fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None), (
         f"{fx.name}: accepted={result.accepted}, first failure={failure and failure.one_line()}")
