@@ -242,7 +242,7 @@ def arm(*, worktree: str, scratch: str, harness: str, extra_reads: tuple[str, ..
                     deny("listing a folder by its fd (past these checks)", access=True)
                 return
             path = _path_of(args[0]) if args and isinstance(args[0], (str, bytes, os.PathLike)) else None
-            if path is not None and _proc_own(path) and path.split("/")[3:] not in ([e] for e in PROC_OWN_LISTABLE):
+            if path is not None and _proc_own(path) and "/".join(path.split("/")[3:]) not in PROC_OWN_LISTABLE:
                 deny(f"listing {path} (this process's /proc entries tell which harness runs the kernel)", access=True)
             return
         if event in _WRITE_EVENTS:
