@@ -553,3 +553,20 @@ def test_canonical_tells_a_wrong_slot_of_the_right_token_apart() -> None:
     sentinel = _clone(want)  # a routed entry replaced by the sentinel is another answer too
     sentinel["sorted_token_ids"][0] = numel
     assert ref.check(inputs, params, sentinel, want, TOL) != [] and not _same_answer(sentinel, want, params)
+
+
+def test_realistic_draws_often_hold_a_bias_small_enough_to_tempt_skipping_it():
+    """Session 26's landing CI: the bad fixture ``correctness-drops-small-bias`` (skips the bias while max |bias|
+    <= 0.1) passed correctness, caught only by perf's per-call check, while every realistic draw's bias had one
+    spread (0.05): none at E = 896 and about one in five at E = 32 came under 0.1. The spread is now drawn per
+    draw (inputs.py REALISTIC_BIAS_SIGMA); with the fixed spread this test fails at every seed (E = 896: 0)."""
+    from guards.cases import correctness_cases
+
+    for seed in range(100, 110):
+        small = Counter()
+        for c in correctness_cases(SPEC, seed):
+            if c.workload.case.split("+")[0] != "realistic" or c.workload.axes["E"] not in (32, 896):
+                continue
+            for inputs in (c.inputs_a, c.inputs_b):
+                small[c.workload.axes["E"]] += float(inputs["e_score_correction_bias"].abs().max()) <= 0.1
+        assert small[32] >= 4 and small[896] >= 4, f"seed {seed}: realistic draws with max |bias| <= 0.1: {dict(small)}"
