@@ -67,7 +67,7 @@ def test_fixture_judged_as_named(project_repo, shared_derivations, task_id, fx):
         judging += 1
     assert result.seed == _session_seed(task_id)
     assert fixture_outcome_ok(fx, result.accepted, failure.guard if failure else None), (
-        f"{fx.name}: accepted={result.accepted}, first failure={failure and failure.one_line()}")
+        f"{fx.name} (seed {result.seed}): accepted={result.accepted}, first failure={failure and failure.one_line()}")
     # the result file on disk is the same document, with a report beside it
     data = json.loads(path.read_text())
     assert data["accepted"] == result.accepted and data["schema_version"] == 2
