@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CPU_GAIN_JUDGINGS, SUITE_MODEL_EVAL
+from tests.conftest import CPU_GAIN_JUDGINGS, SUITE_MODEL_EVAL, gain_unconfirmed
 
 GOOD = "tasks/k3_moe_dispatch/fixtures/good/lean-torch-cpu"
 BAD = "tasks/k3_moe_dispatch/fixtures/bad/correctness-mutates-input.inject.toml"
@@ -33,10 +33,10 @@ def wb(repo: Path, *args: str, suite_model_eval: bool = False) -> subprocess.Com
 
 
 def _gain_unconfirmed(p: subprocess.CompletedProcess) -> bool:
-    """Whether the result a `workbench run` printed last failed only at perf, on a gain not confirmed."""
-    data = json.loads(Path(p.stdout.strip().splitlines()[-1]).read_text())
-    failed = [v for v in data["verdicts"] if v["status"] in ("FAIL", "ERROR")]
-    return [v["guard"] for v in failed] == ["perf"] and "is no real gain" in failed[0]["summary"]
+    """Whether the result a `workbench run` printed last failed at perf on a gain not confirmed (``gain_unconfirmed``)."""
+    from workbench.results import read_result
+
+    return gain_unconfirmed(read_result(Path(p.stdout.strip().splitlines()[-1])).first_failure())
 
 
 @pytest.mark.slow
