@@ -31,13 +31,16 @@ inspect its own memory (where the nonce lives).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -51,6 +54,7 @@ from typing import Any
 from guards._protocol import NONCE_BYTES, RESPONSE_MAGIC
 
 CHILD_MAIN = Path(__file__).with_name("_child_main.py")
+ZYGOTE_MAIN = Path(__file__).with_name("_zygote.py")
 
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES",
               "CUDA_HOME", "TRITON_CACHE_DIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -408,17 +412,21 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         # a fresh uid starts from zero; a shared uid's count includes the user's other processes
         nproc = MAX_PROCESSES if uid is not None else _user_tasks(os.getuid()) + MAX_PROCESSES
 
+        rlimits = {"RLIMIT_CORE": (0, 0), "RLIMIT_FSIZE": (OUTPUT_CAP_BYTES, OUTPUT_CAP_BYTES)}
+        if uid is not None or os.geteuid() != 0:  # root ignores RLIMIT_NPROC; setpriv drops root first
+            rlimits["RLIMIT_NPROC"] = (nproc, nproc)
+        if device == "cpu":
+            rlimits["RLIMIT_AS"] = (memory_bytes, memory_bytes)
+
         def limits() -> None:
             import resource
 
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_CAP_BYTES, OUTPUT_CAP_BYTES))
-            if uid is not None or os.geteuid() != 0:  # root ignores RLIMIT_NPROC; setpriv drops root first
-                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            if device == "cpu":
-                resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+            for name, soft_hard in rlimits.items():
+                resource.setrlimit(getattr(resource, name), soft_hard)
 
-        argv = [sys.executable, "-I", str(CHILD_MAIN), str(worktree), str(req_fd), str(resp_w), str(nonce_r)]
+        child_args = [str(CHILD_MAIN), str(worktree), str(req_fd), str(resp_w), str(nonce_r)]
+        argv = [sys.executable, "-I", *child_args]
+        zygote = _zygote_for(env) if forked_start(device, request) else None
         if uid is not None:
             argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                     "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
@@ -450,10 +458,14 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         t0 = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(
-                    argv, cwd=str(home), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    preexec_fn=limits, start_new_session=True, pass_fds=(resp_w, nonce_r, req_fd, *pass_fds),
-                )
+                if zygote is not None:
+                    proc = zygote.spawn(child_args, cwd=home, env=env, stdout=out.fileno(), stderr=err.fileno(),
+                                        fds=(resp_w, nonce_r, req_fd, *pass_fds), rlimits=rlimits, uid=uid)
+                else:
+                    proc = subprocess.Popen(
+                        argv, cwd=str(home), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                        preexec_fn=limits, start_new_session=True, pass_fds=(resp_w, nonce_r, req_fd, *pass_fds),
+                    )
             finally:
                 request_held.close()  # the child holds its own fd to the request now
                 os.close(resp_w)
@@ -536,6 +548,168 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         from guards import progress
 
         progress.check_interrupt()  # a Ctrl-C whose KeyboardInterrupt was lost while the child ran
+
+
+# ---- the fork server (guards/_zygote.py) ----------------------------------------------------------------------
+
+ZYGOTE_START_S = 300.0
+"""Longest wait for the fork server's answer to a spawn (seconds): its first spawn waits for its imports."""
+_PER_CHILD_ENV = ("HOME", "TMPDIR", "TRITON_CACHE_DIR")
+"""Variables that differ between children; the rest of a child's environment is its fork server's."""
+
+
+def forked_start(device: str, request: dict[str, Any]) -> bool:
+    """Whether this child is forked from a fork server (:class:`Zygote`) rather than exec'd.
+
+    CPU children other than the vLLM model eval (whose engine starts processes of its own), unless
+    ``WORKBENCH_CHILD_START=exec``. CUDA children are always exec'd: a fork server that imported torch
+    has not been judged on a GPU (a CUDA context must never exist in a process that forks).
+    """
+    from workbench import envs
+
+    return device == "cpu" and request.get("mode") != "model_eval_vllm" and envs.CHILD_START.read() == "fork"
+
+
+class _ForkedProc:
+    """The ``subprocess.Popen`` face of a child forked by a :class:`Zygote`: its pid, its exit status as
+    the fork server reports it once it has reaped the child."""
+
+    def __init__(self, pid: int, report: socket.socket) -> None:
+        self.pid, self.returncode, self._report = pid, None, report
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The child's return code (negative: the signal that ended it), waiting up to ``timeout`` seconds.
+
+        Raises:
+            subprocess.TimeoutExpired: the child still runs after ``timeout``.
+        """
+        if self.returncode is not None:
+            return self.returncode
+        self._report.settimeout(timeout)
+        try:
+            msg = self._report.recv(256)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(f"guard child {self.pid}", timeout) from None
+        if msg.startswith(b"exit "):
+            self.returncode = int(msg[5:])
+        else:  # the fork server is gone: the child's status is lost, so it is killed and counted as killed
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.returncode = -signal.SIGKILL
+        self._report.close()
+        return self.returncode
+
+
+class Zygote:
+    """A fork server (``guards/_zygote.py``) of this process: CPU guard children start from it with torch
+    imported. One per environment (:func:`_zygote_for`); it exits when this process closes its socket.
+
+    Raises:
+        OSError: the fork server could not be started.
+    """
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.home = tempfile.mkdtemp(prefix="wb-zygote-")
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._lock = threading.Lock()
+        self.log = Path(self.home) / "zygote.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(ZYGOTE_MAIN), str(theirs.fileno())], cwd=self.home,
+                env={**env, "HOME": self.home, "TMPDIR": self.home}, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        self.sock = mine
+
+    def spawn(self, argv: list[str], *, cwd: Path, env: dict[str, str], stdout: int, stderr: int,
+              fds: tuple[int, ...], rlimits: dict[str, tuple[int, int]], uid: int | None) -> _ForkedProc:
+        """Fork one contained child running ``python -I <argv...>`` (``guards/_zygote.py`` ``_become_child``).
+
+        Args:
+            argv: the script and its arguments.
+            cwd, env: the child's working folder and whole environment.
+            stdout, stderr: fds the child writes its output to.
+            fds: fds the child holds at the same numbers (every other fd is closed there).
+            rlimits: ``resource`` limit name -> (soft, hard).
+            uid: the fresh uid to run as (``None``: this process's own).
+
+        Raises:
+            OSError: the fork server refused or is gone.
+        """
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec = {"argv": argv, "cwd": str(cwd), "env": env, "rlimits": rlimits, "uid": uid, "fd_numbers": list(fds)}
+        try:
+            with open(os.devnull, "rb") as stdin, self._lock:
+                socket.send_fds(self.sock, [json.dumps(spec).encode()], [theirs.fileno(), stdin.fileno(), stdout,
+                                                                          stderr, *fds])
+        except OSError as exc:
+            mine.close()
+            raise OSError(f"the guard children's fork server is gone ({exc}); its log: {_tail(self.log)}") from exc
+        finally:
+            theirs.close()
+        mine.settimeout(ZYGOTE_START_S)
+        try:
+            msg = mine.recv(256)
+        except TimeoutError:
+            msg = b"no answer within %d s" % ZYGOTE_START_S
+        if not msg.startswith(b"pid "):
+            mine.close()
+            raise OSError(f"the guard children's fork server could not start a child: "
+                          f"{msg.decode(errors='replace') or 'it exited'}; its log: {_tail(self.log)}")
+        return _ForkedProc(int(msg[4:]), mine)
+
+    def close(self) -> None:
+        """End the fork server (its children are not touched) and remove its folder."""
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+_zygotes: dict[tuple, Zygote] = {}
+_zygotes_lock = threading.Lock()
+
+
+def _zygote_for(env: dict[str, str]) -> Zygote:
+    """This process's fork server for children of environment ``env`` (started on first use; one whose
+    environment differs in anything but :data:`_PER_CHILD_ENV` is another; one that exited is replaced)."""
+    base = {k: v for k, v in env.items() if k not in _PER_CHILD_ENV}
+    key = (sys.executable, *sorted(base.items()))
+    with _zygotes_lock:
+        z = _zygotes.get(key)
+        if z is not None and z.proc.poll() is not None:
+            z.close()
+            z = None
+        if z is None:
+            z = _zygotes[key] = Zygote(base)
+        return z
+
+
+def close_zygotes() -> None:
+    """End every fork server of this process (at exit; tests)."""
+    with _zygotes_lock:
+        zs = list(_zygotes.values())
+        _zygotes.clear()
+    for z in zs:
+        z.close()
+
+
+def _forget_zygotes_in_child() -> None:
+    # a process forked from this one (a pool worker) starts fork servers of its own: sharing one would tie its
+    # children's lifetime to ours
+    global _zygotes_lock
+    _zygotes_lock = threading.Lock()  # another thread may have held it at the fork
+    for z in _zygotes.values():
+        with contextlib.suppress(OSError):
+            z.sock.close()
+    _zygotes.clear()
+
+
+os.register_at_fork(after_in_child=_forget_zygotes_in_child)
+atexit.register(close_zygotes)
 
 
 def free_tcp_port() -> int:

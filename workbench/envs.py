@@ -37,6 +37,7 @@ interface a person can set by hand too.
 | ``WORKBENCH_CORPUS_GUARD_LIMIT_S`` | int | unset | tests/exploits/test_honest.py | cap on the corpus's correctness and perf children (seconds) |
 | ``WORKBENCH_JUDGINGS`` | path | unset (``.workbench/judgings.jsonl``) | workbench/retries.py | ledger of judgings, pooled per candidate content |
 | ``WORKBENCH_POOL`` | str | ``local`` | workbench/cli.py | default of ``--pool``: ``local`` or ``ray://HOST:PORT`` |
+| ``WORKBENCH_CHILD_START`` | str: fork, exec | fork | guards/sandbox.py | CPU guard children forked (torch imported once) or exec'd |
 | ``WORKBENCH_POOL_MAX_RETRIES`` | int | 1 | workbench/pool/ray_pool.py | Ray re-runs of a verdict whose worker died (count) |
 | ``WORKBENCH_TEST_RAY_ADDRESS`` | str | unset | tests/pool/ | the Ray cluster of the pool tests (``.ci/install-services.sh``) |
 | ``WORKBENCH_TEST_POSTGRES_URL`` | str | unset | tests/review/ | the PostgreSQL server of the store tests |
@@ -198,6 +199,9 @@ JUDGINGS = EnvVar("WORKBENCH_JUDGINGS", Path, None,
 POOL = EnvVar("WORKBENCH_POOL", str, "local",
               "where verdicts are judged when --pool is not given: local (this process) or ray://HOST:PORT",
               "workbench/cli.py", empty_is_unset=True)
+CHILD_START = EnvVar("WORKBENCH_CHILD_START", str, "fork",
+                     "how CPU guard children start: fork (from a fork server that imported torch once) or exec",
+                     "guards/sandbox.py", choices=("fork", "exec"), empty_is_unset=True)
 POOL_MAX_RETRIES = EnvVar("WORKBENCH_POOL_MAX_RETRIES", int, 1,
                           "times Ray re-runs a verdict whose worker died before an ERROR verdict (count)",
                           "workbench/pool/ray_pool.py")
@@ -211,7 +215,7 @@ TEST_POSTGRES_URL = EnvVar("WORKBENCH_TEST_POSTGRES_URL", str, None,
 
 VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     DB, BENCH_LOG_DIR, BENCH_HANG_DUMP_S, *MODEL_EVAL.values(), CORPUS_SUMMARY, CORPUS_GUARD_LIMIT_S, JUDGINGS,
-    POOL, POOL_MAX_RETRIES, TEST_RAY_ADDRESS, TEST_POSTGRES_URL)}
+    POOL, POOL_MAX_RETRIES, CHILD_START, TEST_RAY_ADDRESS, TEST_POSTGRES_URL)}
 """Every ``WORKBENCH_*`` variable the code reads, by name."""
 
 AGENT_VARIABLES: dict[str, str] = {
@@ -236,6 +240,6 @@ def model_eval_overrides(environ: Mapping[str, str] | None = None) -> dict[str, 
 
 
 __all__ = ["AGENT_VARIABLES", "BENCH_HANG_DUMP_S", "BENCH_LOG_DIR", "CORPUS_GUARD_LIMIT_S", "CORPUS_SUMMARY", "DB",
-           "EnvVar", "EnvVarError", "MODEL_EVAL", "MODEL_EVAL_PREFIX", "MODEL_EVAL_VLLM", "POOL", "POOL_MAX_RETRIES",
+           "CHILD_START", "EnvVar", "EnvVarError", "MODEL_EVAL", "MODEL_EVAL_PREFIX", "MODEL_EVAL_VLLM", "POOL", "POOL_MAX_RETRIES",
            "TEST_POSTGRES_URL", "TEST_RAY_ADDRESS", "VARIABLES",
            "model_eval_overrides"]

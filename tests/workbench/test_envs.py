@@ -64,8 +64,9 @@ def test_the_scan_finds_a_direct_read():
 
 
 def test_table_rows_are_complete_and_match_the_module_docstring():
-    # + the model eval's dtypes and bfloat16 leg (issue 15 item 3); + the pool's 4 (issue 16); + the speculative leg's 2 (issue 21)
-    assert len(envs.VARIABLES) == 27
+    # + the model eval's dtypes and bfloat16 leg (issue 15 item 3); + the pool's 4 (issue 16); + the speculative leg's 2 (issue 21);
+    # + the guard children's start (issue 17)
+    assert len(envs.VARIABLES) == 28
     for name, var in envs.VARIABLES.items():
         assert name == var.name and name.startswith("WORKBENCH_")
         assert var.meaning and var.read_by and var.type in (int, float, str, Path)
