@@ -126,6 +126,10 @@ def _become_child(spec: dict, fds: list[int]) -> None:
         if spec["uid"] is not None:
             drop_privileges(spec["uid"])
         sys.argv = list(spec["argv"])
+        import setproctitle  # set up by main()
+
+        # what ps, /proc/<pid>/cmdline and the tests see: the exec path's command line, not the server's
+        setproctitle.setproctitle(" ".join([sys.executable, "-I", *spec["argv"]]))
         import runpy
 
         runpy.run_path(spec["argv"][0], run_name="__main__")
@@ -216,6 +220,11 @@ def main() -> int:
     control = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         __import__(name)
+    import setproctitle
+
+    # set up here, while the environment is the one this process started with: a child clears it before it
+    # sets its own title, and setproctitle finds the room for a title through it
+    setproctitle.setproctitle(setproctitle.getproctitle())
     serve(control)
     return 0
 
