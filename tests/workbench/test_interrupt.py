@@ -85,7 +85,10 @@ def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fr
             assert proc.poll() is None, f"the run ended before correctness: {lines}"
         else:
             pytest.fail(f"no correctness progress line within 120 s: {lines}")
-        time.sleep(1.0)  # the child is importing or running cases now
+        running = time.monotonic() + 60  # the request is being built, or the fork server is importing torch
+        while not _child_processes_of(proc.pid) and time.monotonic() < running and proc.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the child is importing the candidate's code or running cases now
         assert _child_processes_of(proc.pid), "no guard child was running when Ctrl-C came"
         os.kill(proc.pid, sig)
         rest = proc.communicate(timeout=60)[1]
@@ -98,6 +101,11 @@ def test_ctrl_c_mid_correctness_stops_children_removes_worktree_and_exits_130(fr
     # the child that was running is counted (its session kills it on the way out, before the handler runs)
     assert re.search(r"stopped [1-9]\d* child process group", stderr), stderr[-2000:]
     assert _processes_under(worktrees) == [] and _child_processes_of(proc.pid) == []
+    zygote = fresh_repo / "guards" / "_zygote.py"  # the fork server (guards/_zygote.py) ends with its parent
+    gone = time.monotonic() + 10
+    while _processes_under(zygote) and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert _processes_under(zygote) == []
     assert list(worktrees.iterdir()) == []  # the run's worktree existed (its child ran there) and is gone
     assert git(fresh_repo, "branch", "--list", "wb/*") == ""
     assert list((fresh_repo / ".workbench" / "results").glob("*.json")) == []  # no half-written verdict
