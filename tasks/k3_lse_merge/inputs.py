@@ -27,6 +27,10 @@ LARGE_LSE = (80.0, 2.0e4)
 """Range of |row offset| in ``large_lse``: exp(80) overflows nothing in fp32 but exp(89) does, and
 exp(-104) underflows to 0, so a merge without max subtraction gives inf/inf or 0/0."""
 
+LARGE_OUTS_LOG2 = (12, 100)
+"""Range (integers, uniform) of k in the ``large_outputs`` overlay's factor 2^k on partial outputs: from 4096
+(past any "a few units" clamp) to 2^100 (~1.3e30; times a draw's |o| <= ~6 stays far below fp32's 3.4e38)."""
+
 _Draw = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -151,6 +155,29 @@ def mark_empty(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: i
     which = torch.randint(0, 3, (N, B, H), generator=gen)
     for k, marker in enumerate((float("-inf"), float("inf"), float("nan"))):
         _empty_fill(mask & (which == k), outs, lses, marker, gen)
+    return inputs
+
+
+def scale_outs(inputs: dict[str, torch.Tensor], axes: Mapping[str, int], seed: int) -> dict[str, torch.Tensor]:
+    """The ``large_outputs`` overlay (task.toml ``[domain.overlays.large_outputs]``): multiply each (chunk, row,
+    head)'s partial output by its own 2^k, k uniform in :data:`LARGE_OUTS_LOG2`, in place (exact in fp32; 0,
+    NaN and inf markers stay what they are). Live partial outputs may be any finite fp32 (task.toml
+    ``[domain.inputs.outs]``); every regime draws them at a few units, so a kernel that clamped the merged
+    row to +-4096 was accepted (session 27's red team).
+
+    Args:
+        inputs: ``outs`` (N, B, H, D) float32 and ``lses`` (N, B, H) float32.
+        axes: the workload's axes N, B, H, D.
+        seed: RNG seed of the overlay.
+
+    Returns:
+        ``inputs``, ``outs`` changed in place.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    outs = inputs["outs"]
+    lo, hi = LARGE_OUTS_LOG2
+    k = torch.randint(lo, hi + 1, (*outs.shape[:3], 1), generator=gen).float()
+    outs.mul_(torch.exp2(k))
     return inputs
 
 
