@@ -688,6 +688,13 @@ def _zygote_for(env: dict[str, str]) -> Zygote:
         return z
 
 
+def warm_zygote(device: str) -> None:
+    """Start this process's fork server for ``device`` now, if its children fork from one (:func:`forked_start`):
+    its imports then overlap what runs before the first child (the worktree, isolation, the audit)."""
+    if forked_start(device, {"mode": "correctness"}):
+        _zygote_for(scrubbed_env(Path(tempfile.gettempdir())))
+
+
 def close_zygotes() -> None:
     """End every fork server of this process (at exit; tests)."""
     with _zygotes_lock:

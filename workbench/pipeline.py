@@ -168,6 +168,9 @@ def run_guards_phase(repo_root: Path, task: TaskSpec, cand: Candidate, *, device
     from workbench.heap import give_back_freed_memory, keep_freed_memory
 
     keep_freed_memory()  # the guards' large tensors are reused, not re-faulted (workbench/heap.py)
+    from guards.sandbox import warm_zygote
+
+    warm_zygote(device)
     ctx = GuardContext(task=task, repo_root=Path(repo_root), worktree=cand.worktree, base_commit=cand.base_commit,
                        candidate_commit=cand.candidate_commit, device=device, seed=seed)
     try:

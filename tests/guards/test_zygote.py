@@ -180,3 +180,13 @@ def test_a_setting_that_is_neither_fork_nor_exec_is_refused(monkeypatch):
     assert sandbox.forked_start("cpu", {"mode": "perf"})
     assert not sandbox.forked_start("cuda", {"mode": "perf"})  # a GPU child is exec'd whatever the setting
     assert not sandbox.forked_start("cpu", {"mode": "model_eval_vllm"})  # vLLM's engine starts processes of its own
+
+
+def test_warming_starts_the_fork_server_children_will_use(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_CHILD_START", raising=False)
+    sandbox.close_zygotes()
+    sandbox.warm_zygote("cuda")
+    assert sandbox._zygotes == {}  # GPU children are exec'd: nothing to warm
+    sandbox.warm_zygote("cpu")
+    (z,) = sandbox._zygotes.values()
+    assert sandbox._zygote_for(sandbox.scrubbed_env(tmp_path)) is z  # the one a child of any home gets
