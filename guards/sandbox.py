@@ -20,6 +20,12 @@ workbench process never does. Containment, in the order a child meets it:
   response file does not exist, and bytes written to the pipe by candidate code break the frame and
   end as FAIL, never as a forged PASS.
 
+**How a child starts**: on CPU (``WORKBENCH_CHILD_START=fork``, the default) it is forked from this
+process's fork server (``guards/_zygote.py``), which imported torch once and never imports the worktree's
+code; the forked child sets up the same session, fds, folder, environment, limits, uid and capabilities as
+the exec path (``tests/guards/test_zygote.py`` compares the two) and runs ``_child_main.py`` in place. GPU
+children and the vLLM model eval are exec'd (``python -I _child_main.py``, under ``setpriv`` as root).
+
 Requests travel as ``torch.save`` bytes in a memfd the child reads and closes before any candidate code
 is imported; the response is read back with ``weights_only=True``
 (tensors, numbers, strings, lists and dicts only).
