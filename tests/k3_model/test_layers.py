@@ -236,8 +236,10 @@ def test_split_kv_merge_goes_through_the_dispatcher_op():
     mla_forward(w, x[:, :9], cache, absorbed=False, **kw)
     with dispatch.record_trace() as tr, dispatch.forward_context(decode_backend="latency_specialized", phase="decode"):
         mla_forward(w, x[:, 9:], cache, absorbed=True, **kw)
-    assert [(d.op, d.implementation, d.phase, d.rows) for d in tr.decisions if d.op == "lse_merge"] == \
-        [("lse_merge", "standard", "decode", 2)]
+    merges = [d for d in tr.decisions if d.op == "lse_merge"]
+    assert [(d.op, d.phase, d.rows) for d in merges] == [("lse_merge", "decode", 2)]
+    # a merged lse_merge kernel (a user's `review approve`) or the standard path: the dispatcher decides
+    assert merges[0].implementation in ("standard", "latency_specialized")
     # the decode step's input projections (q_a, q_b, kv_a) go through small_m_gemm
     assert [d.op for d in tr.decisions if d.op != "lse_merge"] == ["small_m_gemm"] * 3
 

@@ -90,5 +90,8 @@ def test_the_op_is_dispatched_with_its_rows_as_batch_and_its_shape_axes():
         _merge(torch.zeros(3, 5, 4, 8), torch.zeros(3, 5, 4))
         _merge(torch.zeros(17, 5, 4, 8), torch.zeros(17, 5, 4))  # N = 17: outside the judged shapes
     assert [(d.op, d.rows) for d in tr.decisions] == [("lse_merge", 5)] * 2
-    assert all(d.implementation == "standard" for d in tr.decisions)
+    # the first call runs a merged kernel if the checkout has one (a user's `review approve` merges it), else the
+    # standard path; the second is outside every judged shape, so it is standard either way
+    assert tr.decisions[0].implementation in ("standard", "latency_specialized")
+    assert tr.decisions[1].implementation == "standard"
     assert "N 17 above 16" in tr.decisions[1].reason or "no latency-specialized kernel" in tr.decisions[1].reason
