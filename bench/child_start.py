@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from guards import sandbox  # noqa: E402
 from workbench import env as envmod  # noqa: E402
+from workbench import envs  # noqa: E402
 
 REQUEST = {"mode": "correctness", "target": "k3_model.ops.moe_dispatch:moe_route_dispatch", "op": "moe_dispatch",
            "device": "cpu", "decode_backend": "latency_specialized", "cases": []}
@@ -50,7 +51,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {}
     first_fork = None
     for form in ("exec", "fork"):
-        os.environ["WORKBENCH_CHILD_START"] = form
+        os.environ[envs.CHILD_START.name] = form
         if form == "fork":
             sandbox.close_zygotes()
             first_fork = one()  # includes the fork server's start (its imports)

@@ -758,7 +758,9 @@ def _serve(fn, fc, rt, req, nonce):
             # fresh input tensors on every load, as a model's activations are (new storage, version 0): a
             # kernel cannot tell the judge's inputs from serving ones by address or ``_version`` (session 7's
             # red team: a kernel fast only on buffers refilled in place, ``_version > 0``)
-            d_in = {k: v.clone() if device == "cpu" else v.to(device) for k, v in h_in.items()}
+            # (a strided input, a task's layout overlay, keeps its strides: _device_copy)
+            d_in = {k: (v.clone() if device == "cpu" else v.to(device)) if v.is_contiguous() else _device_copy(v, device)
+                    for k, v in h_in.items()}
             # fresh outputs too, as the model allocates them per call (session 13's red team: a kernel that
             # pays only when an output buffer is new, and one that hangs work on its outputs for when they
             # are freed, were accepted while the outputs lived on per slot); the earlier call's tensors are

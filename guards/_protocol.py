@@ -53,11 +53,23 @@ def _nbytes(shape, dtype: str) -> int:
     return n * _ITEMSIZE[dtype]
 
 
+def _extent(s: dict) -> int:
+    """Bytes of one slot entry: its shape's, or for an input spec with ``stride`` (elements) and ``offset``
+    (elements; a row view of a wider buffer, a task's ``layout`` overlay) the span of the strided view."""
+    if "stride" not in s:
+        return _nbytes(s["shape"], s["dtype"])
+    shape, stride = [int(d) for d in s["shape"]], [int(x) for x in s["stride"]]
+    if 0 in shape:
+        return 0
+    return (int(s.get("offset", 0)) + sum((d - 1) * st for d, st in zip(shape, stride)) + 1) * _ITEMSIZE[s["dtype"]]
+
+
 def slot_layout(inputs: dict, outputs: dict) -> tuple[dict[str, tuple[int, int]], int]:
     """Offsets of one slot.
 
     Args:
-        inputs: ``name -> {"shape": [...], "dtype": str}`` of every input tensor.
+        inputs: ``name -> {"shape": [...], "dtype": str}`` of every input tensor, plus ``stride`` and ``offset``
+            (elements) for one that is not contiguous (a row view of a wider buffer).
         outputs: ``name -> {"shape", "dtype", "inplace"}``; in-place outputs live in their input.
 
     Returns:
@@ -71,7 +83,7 @@ def slot_layout(inputs: dict, outputs: dict) -> tuple[dict[str, tuple[int, int]]
         for name, s in specs.items():
             if kind == "out" and s.get("inplace"):
                 continue
-            n = _nbytes(s["shape"], s["dtype"])
+            n = _extent(s)
             out[f"{kind}:{name}"] = (off, n)
             off += (n + ALIGN - 1) // ALIGN * ALIGN
     return out, max(off, ALIGN)
@@ -87,8 +99,11 @@ def views(buf, base: int, layout: dict, inputs: dict, outputs: dict):
 
     def view(key, s):
         off, n = layout[key]
-        t = buf[base + off: base + off + n]
-        return t.view(getattr(torch, s["dtype"])).view(tuple(int(d) for d in s["shape"]))
+        t = buf[base + off: base + off + n].view(getattr(torch, s["dtype"]))
+        if "stride" in s:  # the strides a layout overlay drew, kept in the slot (session 27's red team)
+            return t.as_strided(tuple(int(d) for d in s["shape"]), tuple(int(x) for x in s["stride"]),
+                                t.storage_offset() + int(s.get("offset", 0)))
+        return t.view(tuple(int(d) for d in s["shape"]))
 
     ins = {k: view(f"in:{k}", s) for k, s in inputs.items()}
     outs = {k: (ins[k] if s.get("inplace") else view(f"out:{k}", s)) for k, s in outputs.items()}

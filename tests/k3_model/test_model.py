@@ -74,10 +74,14 @@ def test_decode_backend_reaches_the_dispatcher_per_step(model):
     # KDA decode steps call kda_decode and every decode step's input projections small_m_gemm, for which no
     # kernel is merged
     by_phase = {(d.phase, d.implementation, d.reason.split(" (")[0]) for d in tr.decisions}
-    assert by_phase == {("prefill", "standard", "out of declared scope: phase 'prefill' not in ['decode', 'spec_verify']"),
-                        ("decode", "latency_specialized", "in scope"),
-                        ("decode", "standard", "no latency-specialized kernel merged for kda_decode"),
-                        ("decode", "standard", "no latency-specialized kernel merged for small_m_gemm")}, by_phase
+    unmerged = [op for op in ("kda_decode", "small_m_gemm") if dispatch.declared_scope(op, "cpu") is None]
+    expected = {("prefill", "standard", "out of declared scope: phase 'prefill' not in ['decode', 'spec_verify']"),
+                ("decode", "latency_specialized", "in scope")}
+    expected |= {("decode", "standard", f"no latency-specialized kernel merged for {op}") for op in unmerged}
+    if len(unmerged) == 2:  # main
+        assert by_phase == expected, by_phase
+    else:  # a user's `review approve` merged more kernels: they add decisions of their own
+        assert expected <= by_phase, by_phase
 
 
 def test_temperature_sampling_is_seeded(model):
