@@ -24,7 +24,8 @@ class PerfStatus(StrEnum):
 
     Members (value: meaning):
         GAIN ``gain``: claimed, median speedup >= the task's ``min_speedup`` and interval above 1.
-        NEUTRAL ``neutral``: not claimed (a merged base kernel's configuration), no regression.
+        NEUTRAL ``neutral``: judged for regressions only (a random draw, or a merged base kernel's configuration
+            the candidate does not claim), none found; a speedup there is reported, never required.
         REGRESSION ``regression``: slower than the baseline beyond ``max_regression_pct``, significant.
         NO_GAIN ``no_gain``: claimed, but the gain is not shown (median or interval).
         NOT_CLAIMED ``not_claimed``: outside the kernel's scope; both sides run the standard path, untimed.

@@ -71,6 +71,9 @@ def render_markdown(r: RunResult) -> str:
             lines.append(
                 f"| {p.name} | {axes} | {p.baseline_median_us:.1f} | {p.candidate_median_us:.1f} | "
                 f"{p.speedup:.3f}x | [{p.speedup_ci[0]:.3f}, {p.speedup_ci[1]:.3f}] | {p.p_slower:.3g} | {p.verdict} |")
+        if any(p.verdict == "neutral" for p in r.perf):
+            lines += ["", "`neutral`: judged for regressions only (a random draw, or a merged base kernel's configuration the "
+                      "candidate does not claim) and none found; a speedup there is reported, never required."]
     if r.candidate.changed_paths:
         lines += ["", "## Changed paths", ""] + [f"- `{p}`" for p in r.candidate.changed_paths]
     return "\n".join(lines) + "\n"

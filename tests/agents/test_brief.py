@@ -322,3 +322,13 @@ def test_prices():
                     cache_creation_input_tokens=400_000, cache_read_input_tokens=2_000_000) == pytest.approx(
         1.0 + 1.0 + 0.5 + 0.2)
     assert cost_usd("unknown-model", input_tokens=10, output_tokens=10) is None
+
+
+def test_the_report_says_what_neutral_means_where_a_row_is_neutral():
+    """helper-33 (session 27): a random draw at 2.865x read "neutral" with no word on what that means."""
+    from workbench.report import render_markdown
+
+    legend = "`neutral`: judged for regressions only"
+    with_neutral = render_markdown(_result(SEED, perf=(_perf("k3_t64", "gain", 1.4), _perf("random-1-k3_t8", "neutral", 2.865))))
+    assert "| random-1-k3_t8 | T=64 E=896 |" in with_neutral and legend in with_neutral
+    assert legend not in render_markdown(_result(SEED, perf=(_perf("k3_t64", "gain", 1.4),)))
