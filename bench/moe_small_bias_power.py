@@ -10,7 +10,8 @@ never disagree is one where correctness would pass the fixture (perf's per-call 
 
 Prints one line per seed (the seed and the first workload that caught the fixture, or None), then
 ``missed M of N``. Session 27: 15 of 300 seeds missed with the bias spread fixed at 0.05 (commit 79dd745), 0 of
-150 with the spread drawn per draw (39803c4): ``bench/results/cpu/moe_small_bias_power_session27/``.
+150 with the spread drawn per draw (39803c4): ``bench/results/cpu/moe_small_bias_power_session27/`` (those logs
+came from the session's replay script, of which this file is the tidied copy with the same steps).
 """
 
 from __future__ import annotations
