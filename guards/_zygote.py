@@ -40,7 +40,7 @@ PRELOAD = ("torch", "numpy", "pydantic")
 MAX_FDS = 32
 """Most fds one spawn message carries."""
 CAP_DAC_READ_SEARCH = 2  # linux/capability.h
-_PR_SET_KEEPCAPS, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 8, 24, 38  # linux/prctl.h
+_PR_SET_DUMPABLE, _PR_SET_KEEPCAPS, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 8, 24, 38  # linux/prctl.h
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 47, 2
 _CAP_VERSION_3 = 0x20080522
 
@@ -85,6 +85,9 @@ def drop_privileges(uid: int) -> None:
     call("PR_CAP_AMBIENT_RAISE", libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0))
     call("PR_SET_KEEPCAPS 0", libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0))
     call("PR_SET_NO_NEW_PRIVS", libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    # a uid change without an exec leaves the process non-dumpable (its /proc entries root's); an exec'd child of
+    # setpriv is dumpable, owned by its uid: the same here (core dumps stay off: RLIMIT_CORE 0)
+    call("PR_SET_DUMPABLE", libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0))
 
 
 def _place_fds(wanted: dict[int, int]) -> None:
@@ -100,18 +103,22 @@ def _place_fds(wanted: dict[int, int]) -> None:
         if lo < t:  # os.closerange(n, n) closes every fd from n on (CPython passes high - 1 to close_range)
             os.closerange(lo, t)
         lo = t + 1
-    os.closerange(lo, 1 << 20)
+    os.closerange(lo, max(1 << 20, os.sysconf("SC_OPEN_MAX")))
 
 
-def _become_child(spec: dict, fds: list[int]) -> None:
-    """In the forked child: the containment of the exec path, then ``_child_main`` in place. Never returns."""
+def _become_child(spec: dict, fds: list[int], ready: int) -> None:
+    """In the forked child: the containment of the exec path, then ``_child_main`` in place. Never returns.
+    ``ready`` is closed once the child leads its own session (the server reports its pid only then)."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        # SIGPIPE and SIGXFSZ stay ignored, as Python sets them at start in an exec'd child (a write to a closed
+        # pipe raises BrokenPipeError; past RLIMIT_FSIZE a write fails with EFBIG)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
+        os.close(ready)
         stdin, stdout, stderr, *passed = fds
         _place_fds({0: stdin, 1: stdout, 2: stderr, **dict(zip(spec["fd_numbers"], passed))})
         os.chdir(spec["cwd"])
@@ -158,7 +165,7 @@ def serve(control: socket.socket) -> None:
     sel = selectors.DefaultSelector()
     sel.register(control, selectors.EVENT_READ, "control")
     sel.register(wake_r, selectors.EVENT_READ, "wake")
-    reports: dict[int, socket.socket] = {}
+    reports: dict[int, socket.socket | None] = {}
     while True:
         for key, _ in sel.select(timeout=1.0):
             if key.data == "wake":
@@ -170,7 +177,7 @@ def serve(control: socket.socket) -> None:
                         break
                 continue
             try:
-                msg, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, MAX_FDS)
+                msg, fds, flags, _addr = socket.recv_fds(control, 1 << 20, MAX_FDS)
             except InterruptedError:
                 continue
             if not msg:
@@ -178,19 +185,29 @@ def serve(control: socket.socket) -> None:
             report = socket.socket(fileno=fds[0])
             try:
                 spec = json.loads(msg)
+                if flags & socket.MSG_CTRUNC or len(fds) != 4 + len(spec["fd_numbers"]):
+                    raise ValueError(f"{len(fds)} fds arrived for {len(spec['fd_numbers'])} named (at most {MAX_FDS})")
+                ready_r, ready_w = os.pipe()
                 pid = os.fork()
             except Exception as exc:  # noqa: BLE001 - the parent raises it as OSError
                 with_fds_closed(fds[1:])
-                report.sendall(f"error {type(exc).__name__}: {exc}".encode())
+                _tell(report, f"error {type(exc).__name__}: {exc}")
                 report.close()
                 continue
             if pid == 0:
                 report.close()
                 control.close()
-                _become_child(spec, fds[1:])
-            with_fds_closed(fds[1:])
-            report.sendall(f"pid {pid}".encode())
-            reports[pid] = report
+                os.close(ready_r)
+                _become_child(spec, fds[1:], ready_w)
+            with_fds_closed([*fds[1:], ready_w])
+            os.read(ready_r, 1)  # end of file once the child leads its own session (or died): killpg(pid) reaches it
+            os.close(ready_r)
+            if _tell(report, f"pid {pid}"):
+                reports[pid] = report
+            else:  # the parent stopped waiting (Ctrl-C, its start timeout): nobody would bound or kill this child
+                os.kill(pid, signal.SIGKILL)
+                report.close()
+                reports[pid] = None
         while reports:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -200,11 +217,17 @@ def serve(control: socket.socket) -> None:
                 break
             report = reports.pop(pid, None)
             if report is not None:
-                try:
-                    report.sendall(f"exit {os.waitstatus_to_exitcode(status)}".encode())
-                except OSError:
-                    pass  # the parent stopped listening (it killed the child and moved on)
+                _tell(report, f"exit {os.waitstatus_to_exitcode(status)}")  # unread if the parent moved on
                 report.close()
+
+
+def _tell(report: socket.socket, message: str) -> bool:
+    """Send one message to the parent on a child's report socket; False when the parent's end is closed."""
+    try:
+        report.sendall(message.encode())
+        return True
+    except OSError:
+        return False
 
 
 def with_fds_closed(fds: list[int]) -> None:

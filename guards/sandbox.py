@@ -591,7 +591,8 @@ class _ForkedProc:
         """
         if self.returncode is not None:
             return self.returncode
-        self._report.settimeout(timeout)
+        # a zero timeout would make the socket non-blocking (BlockingIOError, not a timeout): a poll waits 1 ms
+        self._report.settimeout(None if timeout is None else max(timeout, 1e-3))
         try:
             msg = self._report.recv(256)
         except TimeoutError:
@@ -658,6 +659,9 @@ class Zygote:
             msg = mine.recv(256)
         except TimeoutError:
             msg = b"no answer within %d s" % ZYGOTE_START_S
+        except BaseException:  # Ctrl-C: the closed socket tells the server to kill the child it forks
+            mine.close()
+            raise
         if not msg.startswith(b"pid "):
             mine.close()
             raise OSError(f"the guard children's fork server could not start a child: "

@@ -17,14 +17,18 @@ from guards.sandbox import drop_privileges_available, run_child
 from tests.guards.test_sandbox import _request, _worktree
 
 PROBE = r"""
-import json, os, resource, sys
+import ctypes, json, os, resource, sys
 status = {}
 for line in open("/proc/self/status"):
     k, _, v = line.partition(":")
-    if k in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs"):
+    if k in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "SigBlk", "SigIgn",
+             "SigCgt"):
         status[k] = v.split()
 print(json.dumps({
     "status": status,
+    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
+    "proc_owner": os.stat("/proc/self").st_uid,
+    "umask": os.umask(0o22),
     "session_leader": os.getsid(0) == os.getpid() == os.getpgid(0),
     "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_CORE", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT_AS")},
     "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
@@ -91,6 +95,7 @@ def test_a_forked_child_is_contained_exactly_as_an_exec_d_one(tmp_path):
         os.close(w)
     assert forked == exec_d
     assert forked["fds"][:3] == [0, 1, 2] and w in forked["fds"] and forked["session_leader"]
+    assert forked["dumpable"] == 1 and forked["proc_owner"] == (uid if uid is not None else os.geteuid())
     if uid is not None:
         assert forked["status"]["Uid"] == [str(uid)] * 4 and forked["status"]["CapEff"] == ["0000000000000004"]
         assert forked["status"]["CapAmb"] == ["0000000000000004"] and forked["status"]["NoNewPrivs"] == ["1"]
@@ -147,6 +152,14 @@ def test_a_dead_fork_server_is_replaced_and_its_orphans_count_as_killed(tmp_path
     assert z2 is not z and z2.proc.poll() is None
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -190,3 +203,36 @@ def test_warming_starts_the_fork_server_children_will_use(tmp_path, monkeypatch)
     sandbox.warm_zygote("cpu")
     (z,) = sandbox._zygotes.values()
     assert sandbox._zygote_for(sandbox.scrubbed_env(tmp_path)) is z  # the one a child of any home gets
+
+
+def test_a_zero_wait_is_a_poll_and_a_spawn_whose_parent_left_is_killed(tmp_path):
+    """helper-34: ``wait(0)`` made the report socket non-blocking (BlockingIOError escaped as an interruption);
+    and a child whose parent stopped waiting for its pid (Ctrl-C) ran on, untracked."""
+    env = sandbox.scrubbed_env(tmp_path)
+    z = sandbox._zygote_for(env)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    p = z.spawn([str(script)], cwd=tmp_path, env=env, stdout=2, stderr=2, fds=(), rlimits={}, uid=None)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(0.0)
+    os.killpg(p.pid, signal.SIGKILL)
+    assert p.wait(10) == -signal.SIGKILL
+    before = set(os.listdir("/proc"))
+    import json
+    import socket
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spec = {"argv": [str(script)], "cwd": str(tmp_path), "env": env, "rlimits": {}, "uid": None, "fd_numbers": []}
+    mine.close()  # the parent gave up before the server answered
+    with open(os.devnull, "rb") as null:
+        socket.send_fds(z.sock, [json.dumps(spec).encode()], [theirs.fileno(), null.fileno(), 2, 2])
+    theirs.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in set(os.listdir("/proc")) - before if p.isdigit() and _state(int(p)) not in ("gone", "Z")
+                 and str(script) in _cmdline(int(p))]
+        if not alive:
+            break
+        time.sleep(0.05)
+    assert not alive
+    assert z.proc.poll() is None  # the server lives on
