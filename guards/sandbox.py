@@ -106,6 +106,14 @@ NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
 of service). Source: ../.library/device/KINDS.md (multi-GPU kinds); issue 8."""
 
 
+def setpriv_prefix(uid: int) -> list[str]:
+    """The exec path's ``setpriv`` command line before the program: uid and gid ``uid``, no groups, only
+    ``CAP_DAC_READ_SEARCH`` (inheritable, ambient, bounding set), ``no_new_privs`` (``guards/_zygote.py``
+    ``drop_privileges`` leaves a forked child in the same state)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all,+dac_read_search",
+            "--ambient-caps=-all,+dac_read_search", "--bounding-set=-all,+dac_read_search", "--no-new-privs", "--"]
+
+
 def drop_privileges_available() -> bool:
     """Whether children run as a fresh unprivileged uid (the workbench is root and ``setpriv`` exists)."""
     return os.geteuid() == 0 and shutil.which("setpriv") is not None
@@ -434,9 +442,7 @@ def child_session(worktree: Path, request: dict[str, Any], *, timeout_s: float, 
         argv = [sys.executable, "-I", *child_args]
         zygote = _zygote_for(env) if forked_start(device, request) else None
         if uid is not None:
-            argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                    "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
-                    "--bounding-set=-all,+dac_read_search", "--no-new-privs", "--", *argv]
+            argv = [*setpriv_prefix(uid), *argv]
         chunks: list[bytes] = []
         overflow = threading.Event()
 

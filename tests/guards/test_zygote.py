@@ -58,9 +58,7 @@ def _exec_probe(script: Path, cwd: Path, env: dict, rl: dict, uid, fd: int) -> d
 
     argv = [sys.executable, "-I", str(script), "x"]
     if uid is not None:  # the exec path's own command line (guards/sandbox.py child_session)
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all,+dac_read_search",
-                "--ambient-caps=-all,+dac_read_search", "--bounding-set=-all,+dac_read_search", "--no-new-privs", "--",
-                *argv]
+        argv = [*sandbox.setpriv_prefix(uid), *argv]
     p = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, preexec_fn=limits,
                        start_new_session=True, pass_fds=(fd,), check=True)
     return json.loads(p.stdout)
