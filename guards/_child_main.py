@@ -20,6 +20,7 @@ import importlib.util
 import io
 import gc
 import inspect
+import operator
 import os
 import struct
 import sys
@@ -545,14 +546,20 @@ _WATCHED = ("time", "k3_model.dispatch", "kernels.timing")
 """Modules whose functions candidate code must leave alone (plus the op's module, added at run time)."""
 
 
-def _snapshot(modules):
-    """``{owner.attr: id(obj)}`` of every callable in ``modules`` (modules or classes), plus torch's Tensor
-    classes, ``torch``, ``torch.cuda`` and this harness module itself."""
+def _owners(modules):
+    """The namespaces :func:`_snapshot` watches: ``modules`` (modules or classes), torch's Tensor classes,
+    ``torch``, ``torch.cuda`` and this harness module itself."""
     import torch
 
-    owners = [*modules, torch, torch.cuda, torch.Tensor, torch._C.TensorBase, sys.modules[__name__], _H, _P]
+    return [*modules, torch, torch.cuda, torch.Tensor, torch._C.TensorBase, sys.modules[__name__], _H, _P]
+
+
+def _snapshot(modules):
+    """``{owner.attr: id(obj)}`` of every callable in the namespaces of :func:`_owners`."""
+    import torch
+
     snap = {}
-    for m in owners:
+    for m in _owners(modules):
         name = getattr(m, "__name__", repr(m))
         for k, v in list(vars(m).items()):
             if callable(v) or isinstance(v, (dict, staticmethod, classmethod, property)):
@@ -561,10 +568,35 @@ def _snapshot(modules):
     return snap
 
 
+_SEEN: dict = {}
+"""Per watched namespace (by ``id``): its keys and values (the objects themselves, held) when a check last
+found nothing replaced. A namespace whose every value is still the same object cannot hold a replaced
+callable, so :func:`_patched` skips rebuilding the snapshot of ~2,300 names (a check after every call: 0.72 ms
+-> 0.08 ms, measured by hand on the 2-core CI machine, session 28)."""
+
+
+def _unchanged(m) -> bool:
+    seen = _SEEN.get(id(m))
+    if seen is None or seen[0] is not m:
+        return False
+    d = vars(m)
+    return len(d) == len(seen[2]) and tuple(d) == seen[1] and all(map(operator.is_, d.values(), seen[2]))
+
+
 def _patched(before, modules):
     """Names whose objects were replaced since ``before`` (monkeypatching by candidate code)."""
+    owners = _owners(modules)
+    import torch
+
+    if id(torch.cuda.Event.elapsed_time) == before.get("torch.cuda.Event.elapsed_time") and all(map(_unchanged, owners)):
+        return []
     after = _snapshot(modules)
-    return sorted(k for k, v in before.items() if after.get(k) != v)
+    found = sorted(k for k, v in before.items() if after.get(k) != v)
+    if not found:
+        for m in owners:
+            d = vars(m)
+            _SEEN[id(m)] = (m, tuple(d), tuple(d.values()))
+    return found
 
 
 def _read_nonce(fd: int) -> bytes:

@@ -1209,10 +1209,37 @@ def _same_answer(got: dict, base: dict, canonical, params, tolerance) -> bool:
         if (tol is None or tol.exact or not isinstance(g, torch.Tensor) or g.shape != b.shape
                 or g.dtype != b.dtype or not g.is_floating_point()):
             return False
-        if not bool(torch.isclose(g, b, rtol=tol.rtol * FAST_PATH_TOLERANCE_SHARE,
-                                  atol=tol.atol * FAST_PATH_TOLERANCE_SHARE).all()):
+        if not all_close(g, b, rtol=tol.rtol * FAST_PATH_TOLERANCE_SHARE, atol=tol.atol * FAST_PATH_TOLERANCE_SHARE):
             return False
     return True
+
+
+def all_close(got, want, *, rtol: float, atol: float) -> bool:
+    """``torch.isclose(got, want, rtol=rtol, atol=atol).all()`` (same shape and floating dtype), in about half
+    its time where it holds: ``|got - want| <= atol + rtol * |want|`` with two temporaries instead of
+    isclose's eight, taken only where every bound is finite; anything else (a NaN, an infinity, a value past
+    its bound) is decided by ``torch.isclose`` itself. The judge runs this on every timed call's outputs
+    that differ in bits from the baseline's (``_same_answer``): 20 ms -> 9 ms for lse_merge's 6.3 M-value
+    outputs, measured by hand on the 2-core CI machine (session 28).
+
+    Args:
+        got, want: tensors of one shape and floating dtype (any layout).
+        rtol, atol: torch.isclose's relative (fraction) and absolute (output units) tolerances, >= 0.
+
+    Source: ``torch.isclose``'s rule (PyTorch docs): ``|got - want| <= atol + rtol * |want|``, infinities close
+    only to themselves, NaN close to nothing (``equal_nan=False``).
+    """
+    import math
+
+    import torch
+
+    if got.numel() == 0:
+        return True
+    err = torch.sub(got, want).abs_()
+    bound = want.abs().mul_(rtol).add_(atol)
+    if bool(err.le_(bound).all()) and math.isfinite(float(bound.max())):
+        return True  # every error within a finite bound: isclose holds (an infinite bound is isclose's to judge)
+    return bool(torch.isclose(got, want, rtol=rtol, atol=atol).all())
 
 
 class CallCheck:

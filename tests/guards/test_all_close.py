@@ -1,0 +1,57 @@
+"""``guards.perf.all_close``, the judge's per-call tolerance check on timed outputs, decides exactly as
+``torch.isclose(...).all()`` does: on random values, values at their bound, NaN, infinities of either sign,
+overflowing differences, empty tensors and half-precision dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guards.perf import all_close
+
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 1e-6, 3.0e38, -3.0e38, math.inf, -math.inf, math.nan]
+
+
+def _expected(g, w, rtol, atol) -> bool:
+    return bool(torch.isclose(g, w, rtol=rtol, atol=atol).all())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(SPECIAL) | st.floats(-1e3, 1e3, width=32),
+                          st.sampled_from(SPECIAL) | st.floats(-1e3, 1e3, width=32)), min_size=1, max_size=12),
+       st.sampled_from([0.0, 1e-5, 1e-2]), st.sampled_from([0.0, 1e-6, 1e-3]),
+       st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]))
+def test_decides_as_isclose(pairs, rtol, atol, dtype):
+    g = torch.tensor([p[0] for p in pairs], dtype=torch.float64).to(dtype)
+    w = torch.tensor([p[1] for p in pairs], dtype=torch.float64).to(dtype)
+    assert all_close(g, w, rtol=rtol, atol=atol) == _expected(g, w, rtol, atol)
+
+
+@pytest.mark.parametrize("got, want, close", [
+    ([1.0, 2.0], [1.0, 2.0], True),
+    ([-math.inf], [math.inf], False),  # |got - want| = inf = the bound: isclose says no
+    ([1.0], [math.inf], False),
+    ([math.inf], [math.inf], True),
+    ([math.nan], [math.nan], False),
+    ([3.0e38], [-3.0e38], False),  # the difference overflows
+    ([], [], True),
+])
+def test_edges(got, want, close):
+    g, w = torch.tensor(got, dtype=torch.float32), torch.tensor(want, dtype=torch.float32)
+    assert all_close(g, w, rtol=1e-5, atol=1e-6) is close
+    assert _expected(g, w, 1e-5, 1e-6) is close
+
+
+def test_a_value_just_past_its_bound_fails_and_one_at_it_passes():
+    want = torch.full((1000,), 2.0)
+    at_bound = want + (1e-3 + 1e-2 * 2.0)
+    assert all_close(at_bound, want, rtol=1e-2, atol=1e-3) == _expected(at_bound, want, 1e-2, 1e-3)
+    past = at_bound.clone()
+    past[517] = torch.nextafter(past[517], torch.tensor(math.inf))
+    past[517] += 1e-3
+    assert not all_close(past, want, rtol=1e-2, atol=1e-3)
+    assert all_close(want.t() if want.dim() > 1 else want[::2], want[::2], rtol=0.0, atol=0.0)  # strided views

@@ -1,0 +1,64 @@
+"""The child's check for replaced harness functions after every call (``guards/_child_main.py`` ``_patched``):
+its fast path (a namespace whose values are all the same objects is not re-read) finds every replacement
+the full snapshot finds, on the first check and on every later one."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+from tests.conftest import REPO_ROOT
+
+
+def _child_main():
+    spec = importlib.util.spec_from_file_location("_wb_test_child_main_patch", REPO_ROOT / "guards" / "_child_main.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # the check watches its own module (``sys.modules[__name__]``)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _watched():
+    m = types.ModuleType("wb_watched_probe")
+    m.clock = lambda: 1.0
+    m.counter = 0  # data, not a callable: changing it is not a patch
+    return m
+
+
+def test_a_replaced_function_is_found_on_every_check_after_clean_ones():
+    child, m = _child_main(), _watched()
+    before = child._snapshot([m])
+    assert child._patched(before, [m]) == []  # the full path, then the namespaces are remembered
+    assert child._patched(before, [m]) == []  # the fast path
+    m.counter += 1  # a value changed, no callable: the full path again, still nothing
+    assert child._patched(before, [m]) == []
+    m.clock = lambda: 0.0
+    assert child._patched(before, [m]) == ["wb_watched_probe.clock"]
+    assert child._patched(before, [m]) == ["wb_watched_probe.clock"]  # still found: never remembered as clean
+
+
+def test_a_function_removed_or_replaced_in_torch_is_found():
+    import torch
+
+    child, m = _child_main(), _watched()
+    before = child._snapshot([m])
+    assert child._patched(before, [m]) == [] and child._patched(before, [m]) == []
+    real = torch.Tensor.backward
+    try:
+        torch.Tensor.backward = lambda self, *a, **k: None
+        assert child._patched(before, [m]) == ["Tensor.backward"]  # a class is named by its __name__
+    finally:
+        torch.Tensor.backward = real
+    assert child._patched(before, [m]) == []
+    del m.clock
+    assert child._patched(before, [m]) == ["wb_watched_probe.clock"]
+
+
+def test_the_fast_path_agrees_with_the_full_snapshot_when_a_namespace_gains_a_name():
+    child, m = _child_main(), _watched()
+    before = child._snapshot([m])
+    assert child._patched(before, [m]) == []
+    m.helper = lambda: None  # new names are not patches (as before the fast path)
+    assert child._patched(before, [m]) == []
+    assert child._patched(before, [m]) == []
