@@ -997,7 +997,10 @@ def main() -> int:
             response["scope_beyond_limits"] = True
             response["imported_files"] = _imported_files(worktree)
         elif req["mode"] == "correctness":
-            for case in req["cases"]:
+            for i, case in enumerate(req["cases"]):
+                # where a hang is: the judge names the last configuration begun when it kills the child
+                sys.stderr.write(f"{_P.CASE_MARK}{i + 1} of {len(req['cases'])}: {case['name']}\n")
+                sys.stderr.flush()
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
             response["imported_files"] = _imported_files(worktree)
         elif req["mode"] == "model_eval":

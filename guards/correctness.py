@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from guards import progress, scope_shapes
+from guards._protocol import last_case_begun
 from guards.base import GuardContext
 from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
 from guards.sandbox import run_child, run_ranks, tail_lines
@@ -204,6 +205,9 @@ def same_bits(a: Any, b: Any) -> bool:
 def _problem_verdict(name: str, outcome, rank: int | None = None) -> Verdict:
     why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
     where = "" if rank is None else f" (TP rank {rank})"
+    begun = last_case_begun(outcome.stderr_tail or "") if outcome.timed_out else None
+    if begun:  # the child's own line: a hint where it hung, not evidence
+        why = f"{why}; the last configuration it reported beginning: {begun}"
     return Verdict(
         guard=name, status=Status.FAIL,
         summary=f"The candidate's code did not complete{where}: {_clip(why, 400)}",
