@@ -356,3 +356,55 @@ def test_command_help_has_no_rest_markup():
     marked = [c.callback.__name__ for a in (app, review_app, pool_app) for c in a.registered_commands
               if "``" in (inspect.getdoc(c.callback) or "")]
     assert marked == []
+
+
+def test_compare_shows_guards_side_by_side_and_no_empty_perf_table(tmp_path, monkeypatch):
+    """``workbench compare`` of two results rejected before perf names each guard's status and says there are no
+    perf rows (helper-33, session 27: it printed an empty table); with perf rows, configurations of either
+    result are listed, a missing side as "-"."""
+    import io
+
+    from rich.console import Console
+
+    from guards.verdict import Evidence, Status, Verdict
+    from workbench import cli
+    from workbench.results import CandidateInfo, PerfResult, RunResult, write_result
+
+    def result(rid, verdicts, perf=()):
+        r = RunResult(result_id=rid, task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+                      candidate=CandidateInfo(source="x", kind="folder", branch="wb/t/1", worktree="/w",
+                                              base_commit="a" * 40, candidate_commit="b" * 40),
+                      environment={}, device="cpu", verdicts=verdicts, accepted=False, seed=1, perf=tuple(perf),
+                      command="workbench verify", started_at="2026-12-01T00:00:00+00:00", duration_s=1.0)
+        return write_result(r, tmp_path / rid)
+
+    ev = (Evidence(name="e", value=1),)
+    wrong = (Verdict(guard="isolation", status=Status.PASS, summary="inside", evidence=ev),
+             Verdict(guard="correctness", status=Status.FAIL, summary="k3_t8 differs from the reference", evidence=ev))
+    outside = (Verdict(guard="isolation", status=Status.FAIL, summary="edits tests/", evidence=ev),
+               Verdict(guard="correctness", status=Status.SKIP, summary="skipped", evidence=ev))
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=300, highlight=False))
+    cli.compare(result("a-1", wrong), result("b-2", outside))
+    text = out.getvalue()
+    assert "No perf rows in either result" in text and "configuration by configuration" not in text
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]] for line in text.splitlines()
+            if line.startswith("│")}
+    assert rows["isolation"] == ["PASS", "FAIL"] and rows["correctness"] == ["FAIL", "SKIP"]
+    assert "k3_t8 differs from the reference" in text
+
+    def row(name, speedup, verdict):
+        return PerfResult(name=name, axes={"T": 1}, implementation="latency_specialized", baseline_us=(1.0,),
+                          candidate_us=(1.0,), baseline_median_us=1.0, candidate_median_us=1.0, speedup=speedup,
+                          speedup_ci=(speedup, speedup), p_slower=0.5, verdict=verdict, timer="t")
+
+    perf = (Verdict(guard="perf", status=Status.FAIL, summary="slower", evidence=ev),)
+    out.truncate(0)
+    out.seek(0)
+    cli.compare(result("c-3", perf, [row("k3_t1", 1.2, "gain"), row("k3_t8", 0.8, "regression")]),
+                result("d-4", perf, [row("k3_t1", 1.1, "gain"), row("k3_t64", 1.3, "gain")]))
+    text = out.getvalue()
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]] for line in text.splitlines()
+            if line.startswith("│") and "k3_t" in line}
+    assert rows["k3_t1"] == ["1.200x", "1.100x", "gain", "gain"]
+    assert rows["k3_t8"] == ["0.800x", "-", "regression", "-"] and rows["k3_t64"] == ["-", "1.300x", "-", "gain"]
