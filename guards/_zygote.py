@@ -112,11 +112,13 @@ def _become_child(spec: dict, fds: list[int], ready: int) -> None:
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        # SIGPIPE and SIGXFSZ stay ignored, as Python sets them at start in an exec'd child (a write to a closed
-        # pipe raises BrokenPipeError; past RLIMIT_FSIZE a write fails with EFBIG)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # the dispositions an exec'd child starts with: this server's own at its start (it is an exec'd Python
+        # of the same judge), e.g. SIGINT ignored, not Python's handler, where the judge was started in the
+        # background of a non-interactive shell (session 28's rehearsal). SIGPIPE and SIGXFSZ stay ignored, as
+        # Python sets them at start in an exec'd child (a write to a closed pipe raises BrokenPipeError; past
+        # RLIMIT_FSIZE a write fails with EFBIG)
+        for sig, handler in START_DISPOSITIONS.items():
+            signal.signal(sig, handler)
         os.setsid()
         os.close(ready)
         stdin, stdout, stderr, *passed = fds
@@ -239,7 +241,13 @@ def with_fds_closed(fds: list[int]) -> None:
             pass
 
 
+START_DISPOSITIONS: dict = {}
+"""SIGINT, SIGTERM and SIGCHLD as this server found them at its start, before it set its own: each forked
+child gets them back (:func:`_become_child`)."""
+
+
 def main() -> int:
+    START_DISPOSITIONS.update({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)})
     control = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         __import__(name)

@@ -75,13 +75,28 @@ def _fork_probe(script: Path, cwd: Path, env: dict, rl: dict, uid, fd: int, tmp:
     return json.loads((tmp / "out").read_text())
 
 
-def test_a_forked_child_is_contained_exactly_as_an_exec_d_one(tmp_path):
-    """Same uid, gid, groups, capability sets, no_new_privs, session, limits, open fds, folder, environment and
-    stdin as the exec path (``setpriv`` + ``preexec_fn``) gives, with or without the uid drop."""
+@pytest.mark.parametrize("sigint", ["as_started", "ignored"])
+def test_a_forked_child_is_contained_exactly_as_an_exec_d_one(tmp_path, sigint):
+    """Same uid, gid, groups, capability sets, no_new_privs, session, limits, open fds, folder, environment,
+    signal dispositions and stdin as the exec path (``setpriv`` + ``preexec_fn``) gives, with or without the uid
+    drop; also with SIGINT ignored in the judge, as in a judge started in the background of a non-interactive
+    shell (session 28's rehearsal: exec'd children inherited the ignore, forked ones got Python's handler)."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     os.chmod(tmp_path, 0o755)
     env = sandbox.scrubbed_env(tmp_path)
+    if sigint == "ignored":  # a fork server of its own (an environment of its own), started while SIGINT is ignored
+        env["WB_TEST_SIGINT"] = "ignored"
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _check_parity(script, tmp_path, env)
+        finally:
+            signal.signal(signal.SIGINT, before)
+        return
+    _check_parity(script, tmp_path, env)
+
+
+def _check_parity(script: Path, tmp_path: Path, env: dict) -> None:
     uid = 654321 if drop_privileges_available() else None
     r, w = os.pipe()
     try:
