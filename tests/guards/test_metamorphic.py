@@ -463,3 +463,31 @@ def test_a_pair_on_the_standard_path_is_not_the_candidates():
     assert CorrectnessGuard._relation_lines(task, ref, c, ranks("standard")) == []
     lines = CorrectnessGuard._relation_lines(task, ref, c, ranks("latency_specialized"))
     assert len(lines) == 1 and lines[0].startswith("[metamorphic token_permutation] x[1, 0] of the twin"), lines
+
+
+def test_the_task_check_runs_once_per_distinct_inputs_and_outputs_and_still_sees_a_repeat_that_differs():
+    """The third call (``a_repeat``) reads the first call's inputs: when its outputs are the first call's bits,
+    the check's lines are reused (the check is a function of inputs and outputs); outputs that differ are
+    checked again, and a wrong repeat is reported with its own label."""
+    task, c, a, b = _moe_pair("token_permutation")
+    real = load_task_module(task, "reference")
+    calls = []
+
+    class CountingRef:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def check(self, *args):
+            calls.append(args[2])
+            return real.check(*args)
+
+    guard = CorrectnessGuard()
+    assert guard._judge_case(task, CountingRef(), c, _ranks(a, b, c.inputs_a, c.inputs_b))[0] == []
+    assert len(calls) == 2  # a_fresh and b_reused_buffers; a_repeat's outputs are a_fresh's bits
+    calls.clear()
+    ranks = _ranks(a, b, c.inputs_a, c.inputs_b)
+    wrong = {k: v.clone() for k, v in a.items()}
+    wrong["topk_weights"][0, 0] += 0.5
+    ranks[0]["calls"][2]["outputs"] = wrong
+    mism = guard._judge_case(task, CountingRef(), c, ranks)[0]
+    assert len(calls) == 3 and mism and all(m.startswith("[a_repeat] ") for m in mism), mism
