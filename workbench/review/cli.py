@@ -77,8 +77,13 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
 
     label = judgement_label(result)
     note = f", {label}: approving it needs --accept-unjudged \"REASON\"" if label != "accepted" else ""
-    err.print(f"review queue: {'queued' if created else 'already queued'} as #{item.id}{escape(note)} "
-              f"(workbench review show {item.id})")
+    err.print(f"review queue: {_queued_line(item, created)}{escape(note)} (workbench review show {item.id})")
+
+
+def _queued_line(item, created: bool) -> str:
+    """``queued as #N``, or for a result submitted before, where it stands (``already in the queue as #N,
+    merged``): a merged or rejected item is not "queued" (helper-33, session 27)."""
+    return f"queued as #{item.id}" if created else f"already in the queue as #{item.id}, {item.state}"
 
 
 def _open(db: str | None, repo: Path | None, *, create: bool = False):
@@ -258,7 +263,7 @@ def submit(
                                               who=service.default_reviewer(repo))
     except WorkbenchError as exc:
         _fail(exc)
-    console.print(f"{'queued' if created else 'already queued'} as #{item.id}")
+    console.print(_queued_line(item, created), markup=False)
 
 
 def ui(
