@@ -329,6 +329,7 @@ class PerfGuard:
         specs = [_served_spec(c) for c in timed]
         sessions: list = []
         records: dict = {}
+        now: list = [None]  # the workload being timed (named when a child does not complete)
         late: dict = {}
         extensions: dict = {}
         screens: dict = {}
@@ -349,6 +350,7 @@ class PerfGuard:
                     memory_bytes=task.timeouts.memory_bytes, sessions=sessions))
                 servers = {"baseline": base, "candidate": cand}
                 for idx, c in enumerate(timed):
+                    now[0] = f"{c.name} ({idx + 1}/{len(timed)} workloads)"
                     gain = claimed_flags[c.name] and not c.name.startswith("random-perf-")
                     reps = task.perf.repetitions
                     first = reps if gain else screening_repetitions(reps)  # regression-only: screened first
@@ -429,15 +431,18 @@ class PerfGuard:
                         # pipeline): later workloads are not timed, their cost is saved
                         break
                 else:
+                    now[0] = "the late rechecks"
                     late = self._late_rechecks(ctx, servers, specs, timed, records)
+                now[0] = None
         out = {}
         for side, sess in zip(("baseline", "candidate"), sessions):
             o = sess.outcome
             if o is None or o.response is None or not o.response.get("ok"):
                 why = (o.problem if o is not None else None) or str((o.response or {}).get("error", "")).strip() \
                     .splitlines()[0] if o is not None else "the child never started"
+                where = f" while timing {now[0]}" if now[0] else ""  # the workload the children were on
                 return Verdict(guard=self.name, status=Status.FAIL,
-                               summary=f"Timing run did not complete ({side} child): {why}.",
+                               summary=f"Timing run did not complete ({side} child{where}): {why}.",
                                evidence=(Evidence(name="child_problem", value=why),
                                          Evidence(name="stderr_tail", value=tail_lines(o.stderr_tail, 1500) if o else "")))
             out[side] = o.response.get("serve") or {}

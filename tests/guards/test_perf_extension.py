@@ -356,3 +356,29 @@ def test_dropped_or_stretched_cuda_events_are_tampering():
         "CUDA events longer than the judge's window: timer tampering")
     assert perf.event_tampering([104.0, 110.0, 105.0, 120.0], wall) is None  # within the 5% slack + 5 us
     assert perf.event_tampering([], []) is None  # nothing judged: nothing to compare
+
+
+@pytest.mark.slow
+def test_a_child_that_stops_answering_is_named_with_the_workload_being_timed(pristine_repo, tmp_path, monkeypatch):
+    """A timing child past its deadline fails perf with the workload the children were on (helper-33, session 27:
+    a time-out named no configuration)."""
+    import guards.judge as judge
+    from guards.sandbox import ChildTimeout
+
+    ctx = _candidate(pristine_repo, tmp_path, (pristine_repo / GOOD).read_text(), "hang")
+    assert CorrectnessGuard().check(ctx).status is Status.PASS  # records the declared scope
+    ctx.task = ctx.task.model_copy(update={"perf": ctx.task.perf.model_copy(update={
+        "workloads": ctx.task.perf.workloads[:2], "warmup": 2, "repetitions": 12})})
+    for name in ("PERF_RANDOM_DRAWS", "PERF_DOMAIN_DRAWS", "LATE_RECHECKS"):
+        monkeypatch.setattr(perf, name, 0)
+    real = judge.time_workload
+
+    def hangs_on_the_second(servers, index, *args, **kwargs):
+        if index == 1:
+            raise ChildTimeout("no acknowledgement before the deadline")
+        return real(servers, index, *args, **kwargs)
+
+    monkeypatch.setattr(judge, "time_workload", hangs_on_the_second)
+    v = perf.PerfGuard().check(ctx)
+    second = ctx.task.perf.workloads[1]
+    assert v.status is Status.FAIL and f"while timing {second} (2/2 workloads)" in v.summary, v.summary
