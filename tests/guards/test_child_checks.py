@@ -72,3 +72,41 @@ def test_the_last_configuration_begun_is_read_from_the_stderr_tail():
     assert last_case_begun(tail) == "2 of 3: k3_t8"
     assert last_case_begun("nothing from the harness\n") is None
     assert last_case_begun("") is None
+
+
+def test_the_check_runs_no_candidate_code_while_it_reads_the_namespaces():
+    """helper-35's review (session 28): a value whose ``__class__`` is a property ran candidate code inside the
+    snapshot's ``isinstance``; it swapped a function after the snapshot had read it, and the fast path then
+    remembered the swapped one as clean. The check now reads each namespace once, by type and identity only."""
+    child, m = _child_main(), _watched()
+    fired = []
+
+    class Trigger:  # not callable; isinstance() asks its __class__
+        @property
+        def __class__(self):
+            fired.append(1)
+            m.clock = lambda: 0.0
+            return Trigger
+
+    m.trigger = Trigger()
+    before = child._snapshot([m])
+    for _ in range(3):
+        assert child._patched(before, [m]) == []
+    assert fired == []  # never asked
+    m.clock = lambda: 2.0
+    assert child._patched(before, [m]) == ["wb_watched_probe.clock"]
+
+
+def test_a_namespace_given_another_class_is_reported_without_reading_it():
+    child, m = _child_main(), _watched()
+    before = child._snapshot([m])
+    assert child._patched(before, [m]) == []
+
+    class Sneaky(types.ModuleType):
+        @property
+        def __dict__(self):  # a clean-looking namespace for whoever reads __dict__
+            raise AssertionError("the check read a namespace whose class changed")
+
+    m.__class__ = Sneaky
+    found = child._patched(before, [m])  # its class, and every function it can no longer vouch for
+    assert found[0] == "wb_watched_probe.__class__" and "wb_watched_probe.clock" in found
