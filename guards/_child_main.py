@@ -622,6 +622,17 @@ def _patched(before, modules):
     return found
 
 
+def _progress_page(fd):
+    """The judge's progress page (``_protocol.PROGRESS``) mapped, its fd closed; ``None`` without one."""
+    if fd is None:
+        return None
+    import mmap
+
+    page = mmap.mmap(fd, _P.PROGRESS.size)
+    os.close(fd)
+    return page
+
+
 def _read_nonce(fd: int) -> bytes:
     data = b""
     while len(data) < NONCE_BYTES:
@@ -970,6 +981,7 @@ def main() -> int:
     import torch
 
     req = _load_request(torch, req_fd)
+    page = _progress_page(req.get("progress_fd"))  # a local: out of candidate code's reach (frames are refused)
     sys.path.insert(0, worktree)
     response = {"ok": False, "error": None, "scope": None, "cases": [], "perf": []}
     dist_req = req.get("dist")
@@ -1021,9 +1033,8 @@ def main() -> int:
             response["imported_files"] = _imported_files(worktree)
         elif req["mode"] == "correctness":
             for i, case in enumerate(req["cases"]):
-                # where a hang is: the judge names the last configuration begun when it kills the child
-                sys.stderr.write(f"{_P.CASE_MARK}{i + 1} of {len(req['cases'])}: {case['name']}\n")
-                sys.stderr.flush()
+                if page is not None:  # where a hang is: the judge names the configuration begun when it kills us
+                    _P.PROGRESS.pack_into(page, 0, i + 1)
                 response["cases"].append(_correctness_case(fn, forward_context, record_trace, req, case))
             response["imported_files"] = _imported_files(worktree)
         elif req["mode"] == "model_eval":

@@ -27,19 +27,13 @@ changes no digest the child sends."""
 RESPONSE_MAGIC = b"WBRESP1\0"
 NONCE_BYTES = 32
 
-CASE_MARK = "[workbench child] correctness configuration "
-"""Prefix of the line the correctness child writes to its stderr as it begins each configuration
-(``<i> of <n>: <name>``): when the judge kills a child past its time limit, the verdict names the last one
-begun (:func:`last_case_begun`). Candidate code can write the same line: a hint for the reader, never an
-input to a verdict."""
-
-
-def last_case_begun(stderr_tail: str) -> str | None:
-    """``"<i> of <n>: <name>"`` from the last :data:`CASE_MARK` line of a child's stderr tail, or ``None``."""
-    for line in reversed(stderr_tail.splitlines()):
-        if line.startswith(CASE_MARK):
-            return line[len(CASE_MARK):].strip()[:200] or None
-    return None
+PROGRESS = struct.Struct("<q")
+"""The correctness child's progress page (a ``memfd`` the judge maps; the child maps it and closes its fd
+before any candidate code is imported, as the perf slots): the 1-based index of the configuration it has
+begun. When the judge kills a child past its time limit, the verdict names that configuration from the
+judge's own list (helper-33, session 27: a time-out named none). No text crosses, and nothing is written
+where candidate code can watch it (helper-35, session 28: a line on stderr told candidate code it ran in
+the correctness child)."""
 
 CMD = struct.Struct("<cIII")
 """Command: opcode (1 byte), workload index, slot, spare (little endian)."""

@@ -28,12 +28,13 @@ Source: issue 2 guard 2; DESIGN.md "Trust model".
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from typing import Any
 
 from guards import progress, scope_shapes
-from guards._protocol import last_case_begun
 from guards.base import GuardContext
 from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
 from guards.sandbox import run_child, run_ranks, tail_lines
@@ -207,12 +208,13 @@ def same_bits(a: Any, b: Any) -> bool:
     return torch.equal(a, b)
 
 
-def _problem_verdict(name: str, outcome, rank: int | None = None) -> Verdict:
+def _problem_verdict(name: str, outcome, rank: int | None = None, begun: str | None = None) -> Verdict:
+    """A FAIL for a child that did not complete; ``begun``: the configuration it had begun when it was killed
+    past its time limit (from the judge's own list, by the child's progress page)."""
     why = outcome.problem or str(outcome.response.get("error", "")).strip().splitlines()[0]
     where = "" if rank is None else f" (TP rank {rank})"
-    begun = last_case_begun(outcome.stderr_tail or "") if outcome.timed_out else None
-    if begun:  # the child's own line: a hint where it hung, not evidence
-        why = f"{why}; the last configuration it reported beginning: {begun}"
+    if begun and outcome.timed_out:
+        why = f"{why}; it had begun configuration {begun}"
     return Verdict(
         guard=name, status=Status.FAIL,
         summary=f"The candidate's code did not complete{where}: {_clip(why, 400)}",
@@ -223,6 +225,29 @@ def _problem_verdict(name: str, outcome, rank: int | None = None) -> Verdict:
             *([Evidence(name="child_error", value=str(outcome.response.get("error"))[-2000:])] if outcome.response else []),
         ),
     )
+
+
+@contextlib.contextmanager
+def progress_page():
+    """A one-value shared page for the correctness child's progress (``guards._protocol.PROGRESS``): yields the
+    fd to pass to the child (closed here once the child has it) and a function reading the 1-based index of the
+    configuration the child has begun (0: none). The fd's name is neutral: the mapping shows in the child's
+    /proc/self/maps, which candidate code may not read."""
+    import mmap
+
+    from guards._protocol import PROGRESS
+
+    fd = os.memfd_create("shm", 0)
+    try:
+        os.ftruncate(fd, PROGRESS.size)
+        page = mmap.mmap(fd, PROGRESS.size)
+        try:
+            yield fd, lambda: PROGRESS.unpack_from(page, 0)[0]
+        finally:
+            page.close()
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _failed(outcome) -> bool:
@@ -278,11 +303,16 @@ class CorrectnessGuard:
         if task.distributed is None:
             progress.phase(f"{len(cases)} configurations in one child (import, run, check)")
             graph = graph_check_wanted(task, ctx.device)
-            outcome = run_child(ctx.child_root, {**base, "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
-                                timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
-                                device=ctx.device, max_response_bytes=response_bytes(cases, 3 + int(graph)))
+            with progress_page() as (fd, read_begun):
+                outcome = run_child(ctx.child_root, {**base, "progress_fd": fd,
+                                                     "cases": [{**c.request_entry(), "graph": graph} for c in cases]},
+                                    timeout_s=task.timeouts.correctness_s, memory_bytes=task.timeouts.memory_bytes,
+                                    device=ctx.device, max_response_bytes=response_bytes(cases, 3 + int(graph)),
+                                    pass_fds=(fd,))
+                i = read_begun()
             if _failed(outcome):
-                return None, _problem_verdict(self.name, outcome), outcome.duration_s, outcome
+                begun = f"{i} of {len(cases)} ({cases[i - 1].name})" if 1 <= i <= len(cases) else None
+                return None, _problem_verdict(self.name, outcome, begun=begun), outcome.duration_s, outcome
             for c in outcome.response.get("cases", []):
                 if isinstance(c, dict):
                     results[c.get("name")] = [c]

@@ -259,7 +259,7 @@ def _read_frame(raw: bytes, nonce: bytes) -> tuple[bytes | None, str | None]:
 
 
 def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memory_bytes: int, device: str,
-              max_response_bytes: int | None = None) -> ChildOutcome:
+              max_response_bytes: int | None = None, pass_fds: tuple[int, ...] = ()) -> ChildOutcome:
     """Run one request in a fresh, contained child process rooted at ``worktree``.
 
     Args:
@@ -270,6 +270,7 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         device: ``cpu`` or ``cuda``.
         max_response_bytes: the response this request may need (bytes: the outputs of every call it asks
             for); the cap is the larger of it and :data:`MAX_RESPONSE_BYTES`.
+        pass_fds: extra fds the child inherits (their numbers travel in ``request``; the caller closes them).
 
     Returns:
         The outcome; a crash, hang, flood or forged response is data here (``problem``), never raised.
@@ -278,7 +279,7 @@ def run_child(worktree: Path, request: dict[str, Any], *, timeout_s: float, memo
         OSError: the child could not be started at all (an infrastructure error, not a FAIL).
     """
     with child_session(worktree, request, timeout_s=timeout_s, memory_bytes=memory_bytes, device=device,
-                       max_response_bytes=max_response_bytes) as s:
+                       max_response_bytes=max_response_bytes, pass_fds=pass_fds) as s:
         pass
     return s.outcome
 

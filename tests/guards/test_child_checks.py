@@ -1,7 +1,7 @@
-"""The guard child's own checks and reports (``guards/_child_main.py``): the after-call check for replaced
+"""The guard child's own checks (``guards/_child_main.py``): the after-call check for replaced
 harness functions (``_patched``), whose fast path (a namespace whose values are all the same objects is not
-re-read) finds every replacement the full snapshot finds, on the first check and on every later one; and the
-line it writes as it begins each correctness configuration (where a killed child hung)."""
+re-read) finds every replacement the full snapshot finds, on the first check and on every later one, and runs
+no candidate code while it reads."""
 
 from __future__ import annotations
 
@@ -63,15 +63,6 @@ def test_the_fast_path_agrees_with_the_full_snapshot_when_a_namespace_gains_a_na
     m.helper = lambda: None  # new names are not patches (as before the fast path)
     assert child._patched(before, [m]) == []
     assert child._patched(before, [m]) == []
-
-
-def test_the_last_configuration_begun_is_read_from_the_stderr_tail():
-    from guards._protocol import CASE_MARK, last_case_begun
-
-    tail = f"{CASE_MARK}1 of 3: k3_t1\nsome candidate output\n{CASE_MARK}2 of 3: k3_t8\nTraceback ...\n"
-    assert last_case_begun(tail) == "2 of 3: k3_t8"
-    assert last_case_begun("nothing from the harness\n") is None
-    assert last_case_begun("") is None
 
 
 def test_the_check_runs_no_candidate_code_while_it_reads_the_namespaces():
