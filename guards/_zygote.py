@@ -112,13 +112,15 @@ def _become_child(spec: dict, fds: list[int], ready: int) -> None:
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        # the dispositions an exec'd child starts with: this server's own at its start (it is an exec'd Python
-        # of the same judge), e.g. SIGINT ignored, not Python's handler, where the judge was started in the
-        # background of a non-interactive shell (session 28's rehearsal). SIGPIPE and SIGXFSZ stay ignored, as
-        # Python sets them at start in an exec'd child (a write to a closed pipe raises BrokenPipeError; past
-        # RLIMIT_FSIZE a write fails with EFBIG)
-        for sig, handler in START_DISPOSITIONS.items():
-            signal.signal(sig, handler)
+        # the dispositions an exec'd child starts with: ignored where the judge ignores the signal at this spawn
+        # (spec "ignored_signals"; e.g. SIGINT in a judge started in the background of a non-interactive shell,
+        # session 28's rehearsal), else Python's SIGINT handler and the default for SIGTERM and SIGCHLD. SIGPIPE
+        # and SIGXFSZ stay ignored, as Python sets them at start in an exec'd child (a write to a closed pipe
+        # raises BrokenPipeError; past RLIMIT_FSIZE a write fails with EFBIG)
+        ignored = set(spec.get("ignored_signals", ()))
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, signal.SIG_IGN if int(sig) in ignored else default)
         os.setsid()
         os.close(ready)
         stdin, stdout, stderr, *passed = fds
@@ -241,13 +243,7 @@ def with_fds_closed(fds: list[int]) -> None:
             pass
 
 
-START_DISPOSITIONS: dict = {}
-"""SIGINT, SIGTERM and SIGCHLD as this server found them at its start, before it set its own: each forked
-child gets them back (:func:`_become_child`)."""
-
-
 def main() -> int:
-    START_DISPOSITIONS.update({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)})
     control = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         __import__(name)

@@ -651,7 +651,11 @@ class Zygote:
             OSError: the fork server refused or is gone.
         """
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        spec = {"argv": argv, "cwd": str(cwd), "env": env, "rlimits": rlimits, "uid": uid, "fd_numbers": list(fds)}
+        # the signals this process ignores now: an exec'd child inherits them ignored (helper-35: not the server's
+        # own at its start, which a long-lived judge may since have changed)
+        ignored = [int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD) if signal.getsignal(s) == signal.SIG_IGN]
+        spec = {"argv": argv, "cwd": str(cwd), "env": env, "rlimits": rlimits, "uid": uid, "fd_numbers": list(fds),
+                "ignored_signals": ignored}
         try:
             with open(os.devnull, "rb") as stdin, self._lock:
                 socket.send_fds(self.sock, [json.dumps(spec).encode()], [theirs.fileno(), stdin.fileno(), stdout,

@@ -79,14 +79,15 @@ def _fork_probe(script: Path, cwd: Path, env: dict, rl: dict, uid, fd: int, tmp:
 def test_a_forked_child_is_contained_exactly_as_an_exec_d_one(tmp_path, sigint):
     """Same uid, gid, groups, capability sets, no_new_privs, session, limits, open fds, folder, environment,
     signal dispositions and stdin as the exec path (``setpriv`` + ``preexec_fn``) gives, with or without the uid
-    drop; also with SIGINT ignored in the judge, as in a judge started in the background of a non-interactive
-    shell (session 28's rehearsal: exec'd children inherited the ignore, forked ones got Python's handler)."""
+    drop; also with SIGINT ignored in the judge after its fork server started, as in a judge started in the
+    background of a non-interactive shell (session 28's rehearsal: exec'd children inherited the ignore, forked
+    ones got Python's handler) or one that changed it since (helper-35)."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     os.chmod(tmp_path, 0o755)
     env = sandbox.scrubbed_env(tmp_path)
-    if sigint == "ignored":  # a fork server of its own (an environment of its own), started while SIGINT is ignored
-        env["WB_TEST_SIGINT"] = "ignored"
+    if sigint == "ignored":  # the same fork server, started before SIGINT was ignored (as in a long-lived judge)
+        _check_parity(script, tmp_path, env)
         before = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             _check_parity(script, tmp_path, env)
