@@ -1233,6 +1233,9 @@ def all_close(got, want, *, rtol: float, atol: float) -> bool:
         got, want: tensors of one shape and floating dtype (any layout).
         rtol, atol: torch.isclose's relative (fraction) and absolute (output units) tolerances, >= 0.
 
+    Raises:
+        ValueError: shapes or dtypes differ (isclose would broadcast or raise; an empty ``got`` would pass).
+
     Source: ``torch.isclose``'s rule (PyTorch docs): ``|got - want| <= atol + rtol * |want|``, infinities close
     only to themselves, NaN close to nothing (``equal_nan=False``).
     """
@@ -1240,6 +1243,9 @@ def all_close(got, want, *, rtol: float, atol: float) -> bool:
 
     import torch
 
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise ValueError(f"all_close: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}; "
+                         "compare outputs of one shape and dtype (guards.perf._same_answer checks both first)")
     if got.numel() == 0:
         return True
     err = torch.sub(got, want).abs_()

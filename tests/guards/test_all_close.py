@@ -72,3 +72,10 @@ def test_the_perf_judge_takes_the_baselines_very_bits_without_the_canonical_form
     assert _same_answer({"ids": base["ids"].clone()}, base, canonical, {}, {}) and seen == []
     assert _same_answer({"ids": torch.tensor([1, 2, 3])}, base, canonical, {}, {}) and len(seen) == 2
     assert not _same_answer({"ids": torch.tensor([1, 2, 4])}, base, canonical, {}, {})
+
+
+def test_tensors_of_other_shapes_or_dtypes_are_refused():
+    with pytest.raises(ValueError, match="compare outputs of one shape and dtype"):
+        all_close(torch.empty(0), torch.ones(3), rtol=0.0, atol=0.0)  # empty against three values: never "close"
+    with pytest.raises(ValueError, match="float64"):
+        all_close(torch.ones(3), torch.ones(3, dtype=torch.float64), rtol=0.0, atol=0.0)

@@ -65,7 +65,7 @@ def test_review_show_approve_reject_cycle(repo):
     rej = invoke(repo, "review", "reject", "1", "--reason", "late")
     assert rej.exit_code == 1 and "already merged" in rej.stderr
     # submitting a merged result again says where it stands, not "queued" (helper-33, session 27)
-    assert invoke(repo, "review", "submit", str(repo.accepted)).stdout.strip() == "already in the queue as #1, merged"
+    assert invoke(repo, "review", "submit", str(repo.accepted)).stdout.strip() == "already submitted as #1 (merged)"
 
 
 def test_reject_records_reason_and_reviewer(repo):

@@ -81,9 +81,9 @@ def enqueue_accepted(repo_root: Path, result, result_path: Path) -> None:
 
 
 def _queued_line(item, created: bool) -> str:
-    """``queued as #N``, or for a result submitted before, where it stands (``already in the queue as #N,
-    merged``): a merged or rejected item is not "queued" (helper-33, session 27)."""
-    return f"queued as #{item.id}" if created else f"already in the queue as #{item.id}, {item.state}"
+    """``queued as #N``, or for a result submitted before, where it stands (``already submitted as #N
+    (merged)``): a merged or rejected item is not "queued" (helper-33, session 27)."""
+    return f"queued as #{item.id}" if created else f"already submitted as #{item.id} ({item.state})"
 
 
 def _open(db: str | None, repo: Path | None, *, create: bool = False):
