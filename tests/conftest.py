@@ -445,13 +445,46 @@ REFERENCE_MEMO_ENTRIES = 1024
 """Most reference outputs kept per worker (an LRU): every configuration of every task for one seed."""
 
 
+def _tensors(value) -> list:
+    """Every tensor in a nest of lists, tuples, dicts and dataclasses (a list of cases)."""
+    import dataclasses
+
+    import torch
+
+    out: list = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in dataclasses.fields(v))
+    return out
+
+
 def _cases_once(real):
+    """Each judgment gets its own copy of the cases' structure (lists, dicts, dataclasses) around the worker's one
+    set of input tensors: small_m_gemm's inputs are 2 GB, and a deep copy per judgment doubled what a worker held
+    (session 28's rehearsal 3 lost a worker to the kernel's OOM killer at 7.6 GB during a small_m_gemm judgment).
+    The guards never write a case's tensors (they hand clones to the task's code and a serialized copy to the
+    child); that stays checked: every shared tensor's in-place version counter is compared before each later
+    use, and a moved one fails the test."""
     def correctness_cases(task, seed, *args, **kwargs):
         key = (task.model_dump_json(exclude={"root"}), seed, repr(args), repr(sorted(kwargs.items())))
         if key not in _CASES:
             _CASES.clear()  # one task's at a time: k3_dspark_verify's inputs alone are 608 MiB
-            _CASES[key] = real(task, seed, *args, **kwargs)
-        return copy.deepcopy(_CASES[key])
+            cases = real(task, seed, *args, **kwargs)
+            tensors = _tensors(cases)
+            _CASES[key] = (cases, tensors, [t._version for t in tensors])
+        cases, tensors, versions = _CASES[key]
+        moved = [i for i, t in enumerate(tensors) if t._version != versions[i]]
+        assert not moved, (f"{len(moved)} input tensor(s) of the shared correctness cases were written in place by "
+                           "an earlier judgment: the guards must hand clones to anything that writes")
+        return copy.deepcopy(cases, memo={id(t): t for t in tensors})
     return correctness_cases
 
 
