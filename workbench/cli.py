@@ -468,30 +468,33 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         _fail(exc)
     if ra.task_id != rb.task_id:
         _fail(WorkbenchError(f"Result files are for different tasks ({ra.task_id} vs {rb.task_id}); compare runs of one task."))
-    g = Table(title=escape(f"{ra.task_id}: {a.name} (A) vs {b.name} (B), guard by guard"))
-    for col in ("guard", "A", "B", "A says", "B says"):
-        g.add_column(col)
-    va, vb = {v.guard: v for v in ra.verdicts}, {v.guard: v for v in rb.verdicts}
-    for name in [*va, *(n for n in vb if n not in va)]:
-        x, y = va.get(name), vb.get(name)
-        g.add_row(escape(name), x.status.value if x else "-", y.status.value if y else "-",
-                  escape(_clip(x.summary, 70)) if x else "", escape(_clip(y.summary, 70)) if y else "")
-    console.print(g)
+    console.print(_side_by_side(f"{ra.task_id}: {a.name} (A) vs {b.name} (B), guard by guard", "guard", ("", "says"),
+                                {v.guard: v for v in ra.verdicts}, {v.guard: v for v in rb.verdicts},
+                                lambda v: (v.status.value, escape(_clip(v.summary, 70))), ("-", "")))
     if not ra.perf and not rb.perf:
         # a result rejected before perf (or judged where perf is not) has no timings: say so, no empty table
         console.print("No perf rows in either result: perf did not time them (see the perf guard above).", markup=False)
     else:
-        t = Table(title=escape(f"{ra.task_id}: perf, configuration by configuration"))
-        for col in ("config", "A speedup", "B speedup", "A verdict", "B verdict"):
-            t.add_column(col)
-        pa, pb = {p.name: p for p in ra.perf}, {p.name: p for p in rb.perf}
-        for name in [*pa, *(n for n in pb if n not in pa)]:
-            p, q = pa.get(name), pb.get(name)
-            t.add_row(escape(name), f"{p.speedup:.3f}x" if p else "-", f"{q.speedup:.3f}x" if q else "-",
-                      p.verdict if p else "-", q.verdict if q else "-")
-        console.print(t)
+        console.print(_side_by_side(f"{ra.task_id}: perf, configuration by configuration", "config", ("speedup", "verdict"),
+                                    {p.name: p for p in ra.perf}, {p.name: p for p in rb.perf},
+                                    lambda p: (f"{p.speedup:.3f}x", p.verdict), ("-", "-")))
     console.print(f"A: {ra.acceptance_label.lower()} on {ra.device} {ra.environment.get('gpu_name') or ''}; "
                   f"B: {rb.acceptance_label.lower()} on {rb.device} {rb.environment.get('gpu_name') or ''}", markup=False)
+
+
+def _side_by_side(title: str, key: str, fields: tuple[str, ...], a: dict, b: dict, cells, missing: tuple) -> Table:
+    """One row per name of ``a`` (in its order), then of ``b`` alone: each field's A cell, then its B cell
+    (``cells(x)`` gives a side's cells, ``missing`` stands in for a side without the name)."""
+    t = Table(title=escape(title))
+    t.add_column(key)
+    for f in fields:
+        t.add_column(f"A {f}".strip())
+        t.add_column(f"B {f}".strip())
+    for name in [*a, *(n for n in b if n not in a)]:
+        ca = cells(a[name]) if name in a else missing
+        cb = cells(b[name]) if name in b else missing
+        t.add_row(escape(name), *(c for pair in zip(ca, cb) for c in pair))
+    return t
 
 
 def _clip(text: str, n: int) -> str:
