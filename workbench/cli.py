@@ -478,8 +478,9 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         console.print(_side_by_side(f"{ra.task_id}: perf, configuration by configuration", "config", ("speedup", "verdict"),
                                     {p.name: p for p in ra.perf}, {p.name: p for p in rb.perf},
                                     lambda p: (f"{p.speedup:.3f}x", p.verdict), ("-", "-")))
-    console.print(f"A: {ra.acceptance_label.lower()} on {ra.device} {ra.environment.get('gpu_name') or ''}; "
-                  f"B: {rb.acceptance_label.lower()} on {rb.device} {rb.environment.get('gpu_name') or ''}", markup=False)
+    where = lambda r: f"{r.device} {r.environment.get('gpu_name') or ''}".strip()  # noqa: E731
+    console.print(f"A: {ra.acceptance_label.lower()} on {where(ra)}; B: {rb.acceptance_label.lower()} on {where(rb)}",
+                  markup=False)
 
 
 def _side_by_side(title: str, key: str, fields: tuple[str, ...], a: dict, b: dict, cells, missing: tuple) -> Table:
