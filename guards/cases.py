@@ -54,6 +54,37 @@ def load_task_module(task: TaskSpec, name: str) -> ModuleType:
     return mod
 
 
+def untouched(task: TaskSpec, what: str, inputs: tuple[dict[str, Any], ...], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: the task's ``reference``, ``check`` or a metamorphic relation, called on the judge's own
+    input tensors (``inputs``, handed to it among ``args``), which it must leave as given.
+
+    The judge hands task code its inputs themselves, not copies: a copy of every input per call was a large
+    part of a judgment at K3 sizes (a small_m_gemm judgment holds 2 GB of inputs; session 28's profile).
+    Instead each input tensor's in-place version counter (shared with its views) is read before and after
+    the call, so a write through torch (``x.mul_``, ``out=x``, a view's ``copy_``) is an error, not a silent
+    change of the inputs every later check reads. Writes torch does not count (``.data``, a numpy view) are
+    not seen: no task's code makes them (``tests/guards/test_task_code_inputs.py`` runs every task's
+    reference, check and relations on every workload and compares the inputs' bits).
+
+    Args:
+        task: the task (named in the error).
+        what: the code called, e.g. ``"reference.reference"`` (named in the error).
+        inputs: the input dicts among ``args`` (name -> tensor or other value).
+        fn, args: the task's function and its arguments.
+
+    Raises:
+        TaskSpecError: the call wrote one of its input tensors in place.
+    """
+    before = [(k, v, v._version) for d in inputs for k, v in d.items() if hasattr(v, "_version")]
+    out = fn(*args)
+    moved = sorted({k for k, v, version in before if v._version != version})
+    if moved:
+        raise TaskSpecError(f"Task {task.task_id!r}: tasks/{task.task_id}/{what.split('.')[0]}.py {what} wrote its "
+                            f"input(s) {', '.join(moved)} in place; task code must leave the inputs it is given "
+                            "unchanged (compute into new tensors, e.g. x = x * s rather than x.mul_(s)).")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Twin:
     """The metamorphic pair of a case: its second call's inputs are ``transform(inputs_a)``.

@@ -36,7 +36,16 @@ from typing import Any
 
 from guards import progress, scope_shapes
 from guards.base import GuardContext
-from guards.cases import Case, ShrinkResult, build_case, correctness_cases, load_task_module, rank_inputs, shrink
+from guards.cases import (
+    Case,
+    ShrinkResult,
+    build_case,
+    correctness_cases,
+    load_task_module,
+    rank_inputs,
+    shrink,
+    untouched,
+)
 from guards.sandbox import run_child, run_ranks, tail_lines
 from guards.verdict import Evidence, Status, Verdict
 
@@ -93,7 +102,8 @@ def graph_check_wanted(task, device: str) -> bool:
 def _compare(task, ref, inputs: dict[str, Any], kwargs: dict[str, Any], got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     """Mismatch lines of one call's outputs: the task's ``check`` when it has one, else :func:`generic_check`."""
     if hasattr(ref, "check"):
-        return ref.check({k: v.clone() for k, v in inputs.items()}, dict(kwargs), got, want, task.correctness.tolerance)
+        return untouched(task, "reference.check", (inputs,), ref.check, dict(inputs), dict(kwargs), got, want,
+                         task.correctness.tolerance)
     return generic_check(task, got, want)
 
 
@@ -363,8 +373,10 @@ class CorrectnessGuard:
         if len(ranks) != case.world_size or any(len(rc.get("calls", [])) != 3 for rc in ranks):
             mism.append(f"the child returned no result for this case ({len(ranks)} of {case.world_size} rank(s))")
         else:
-            want_a = ref.reference({k: v.clone() for k, v in case.inputs_a.items()}, dict(case.kwargs))
-            want_b = ref.reference({k: v.clone() for k, v in case.inputs_b.items()}, dict(case.kwargs))
+            want_a = untouched(task, "reference.reference", (case.inputs_a,), ref.reference, dict(case.inputs_a),
+                               dict(case.kwargs))
+            want_b = untouched(task, "reference.reference", (case.inputs_b,), ref.reference, dict(case.inputs_b),
+                               dict(case.kwargs))
             for rank, rc in enumerate(ranks):
                 tag = f"[rank {rank}]" if case.world_size > 1 else ""
                 for call, inputs, want in zip(rc["calls"], (case.inputs_a, case.inputs_b, case.inputs_a),
@@ -433,9 +445,9 @@ class CorrectnessGuard:
             if not (ran_kernel(first) or ran_kernel(second)):
                 continue
             tag = f"[rank {rank}]" if case.world_size > 1 else ""
-            lines = relation({k: v.clone() for k, v in case.inputs_a.items()}, first.get("outputs", {}),
-                             {k: v.clone() for k, v in case.inputs_b.items()}, second.get("outputs", {}),
-                             dict(twin.info), dict(case.kwargs), task.correctness.tolerance)
+            lines = untouched(task, f"reference.{twin.relation}", (case.inputs_a, case.inputs_b), relation,
+                              dict(case.inputs_a), first.get("outputs", {}), dict(case.inputs_b),
+                              second.get("outputs", {}), dict(twin.info), dict(case.kwargs), task.correctness.tolerance)
             out += [f"{tag}[metamorphic {twin.invariance}] {m}" for m in lines]
         return out
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from guards import progress
 from guards.activation import case_shapes, claims, scope_expectation
 from guards.base import GuardContext
-from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation
+from guards.cases import build_case, load_task_module, perf_inputs, perf_rotation, untouched
 from guards.perf_status import PerfStatus
 from guards.sandbox import run_child, tail_lines
 from guards.verdict import Evidence, Status, Verdict
@@ -1315,7 +1315,7 @@ class CallCheck:
             if self.problem is not None:
                 break
             inputs = perf_inputs(task, case.workload, self.seed, j)
-            want = self.ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+            want = untouched(task, "reference.reference", (inputs,), self.ref.reference, dict(inputs), dict(case.kwargs))
             lines = _compare(task, self.ref, inputs, case.kwargs, got, want)
             if lines:
                 which = f"warm-up call {j}" if j < task.perf.warmup else f"timed call {j - task.perf.warmup}"
@@ -1444,12 +1444,12 @@ def _timed_output_problem(task, case, rotation, p: dict, seed: int) -> str | Non
     picks = sorted(set(rng.sample(list(timed), min(OUTPUT_CHECKS, len(timed)))) | {n - 1})
     for i in picks:
         inputs = rotation[i]
-        want = ref.reference({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs))
+        want = untouched(task, "reference.reference", (inputs,), ref.reference, dict(inputs), dict(case.kwargs))
         for r, outs in enumerate(ranks):
             got = outs[i]
             if hasattr(ref, "check"):
-                lines = ref.check({k: v.clone() for k, v in inputs.items()}, dict(case.kwargs), got, want,
-                                  task.correctness.tolerance)
+                lines = untouched(task, "reference.check", (inputs,), ref.check, dict(inputs), dict(case.kwargs), got,
+                                  want, task.correctness.tolerance)
             else:
                 lines = generic_check(task, got, want)
             if lines:

@@ -518,6 +518,55 @@ def _digest(value) -> str:
     return h.hexdigest()
 
 
+_BY_IDENTITY: dict[tuple, tuple] = {}
+"""(id, in-place version) of each tensor of a reference call -> (weak references to those tensors, the call's
+content key): the judge hands the task's reference the worker's shared case tensors themselves
+(``guards.cases.untouched``), so a call on the same unchanged tensors is known without hashing them again."""
+
+
+def _content_key(module, inputs, kwargs) -> tuple:
+    """The reference memo's key of a call: its content (by digest), found by the tensors' identity when they are
+    the very tensors (alive, same in-place version) of an earlier call."""
+    import weakref
+
+    import torch
+
+    tensors = sorted((k, v) for k, v in inputs.items() if isinstance(v, torch.Tensor))
+    ident = (module.__file__, tuple((k, id(v), v._version) for k, v in tensors), _digest(kwargs),
+             _digest({k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}))
+    hit = _BY_IDENTITY.get(ident)
+    if hit is not None and all(ref() is v for ref, (_, v) in zip(hit[0], tensors)):
+        return hit[1]
+    key = (module.__file__, _digest(inputs), _digest(kwargs))
+    _BY_IDENTITY[ident] = (tuple(weakref.ref(v) for _, v in tensors), key)
+    while len(_BY_IDENTITY) > REFERENCE_MEMO_ENTRIES:
+        _BY_IDENTITY.pop(next(iter(_BY_IDENTITY)))
+    return key
+
+
+_DIGESTS: dict[int, tuple] = {}
+"""id(tensor) -> (weak reference, in-place version, digest) of the inputs the correctness guard digested."""
+
+
+def _input_digest_once(real):
+    """``guards.correctness.input_digest`` remembered per worker, not per judgment: the shared case tensors are
+    the same objects in every judgment of a task and seed (``_cases_once``), so their digests are too while
+    their in-place version counter stands (the guard's own memo rule)."""
+    import weakref
+
+    def input_digest(t, memo):
+        hit = _DIGESTS.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2]
+        digest = real(t, memo)
+        _DIGESTS[id(t)] = (weakref.ref(t), t._version, digest)
+        if len(_DIGESTS) > 4 * REFERENCE_MEMO_ENTRIES:
+            for k in [k for k, v in _DIGESTS.items() if v[0]() is None]:
+                del _DIGESTS[k]
+        return digest
+    return input_digest
+
+
 class _ReferenceOnce:
     """The task's reference module with ``reference`` computed once per distinct inputs and kwargs."""
 
@@ -528,7 +577,7 @@ class _ReferenceOnce:
         return getattr(self._module, name)
 
     def reference(self, inputs, kwargs):
-        key = (self._module.__file__, _digest(inputs), _digest(kwargs))
+        key = _content_key(self._module, inputs, kwargs)
         if key not in _REFERENCE:
             _REFERENCE[key] = self._module.reference(inputs, kwargs)
             while len(_REFERENCE) > REFERENCE_MEMO_ENTRIES:
@@ -592,3 +641,4 @@ def correctness_derived_once(monkeypatch) -> None:
 
     monkeypatch.setattr(guards.correctness, "correctness_cases", _cases_once(guards.correctness.correctness_cases))
     monkeypatch.setattr(guards.correctness, "load_task_module", _reference_once(guards.correctness.load_task_module))
+    monkeypatch.setattr(guards.correctness, "input_digest", _input_digest_once(guards.correctness.input_digest))
