@@ -11,6 +11,7 @@ rounding; split-K with fp32 partials), §6.4 (edge cases), §6.5 (tolerance).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,34 @@ import torch
 OUTPUTS = ("out",)
 MAX_MESSAGES = 6
 PAIR_MAX_LINES = 4
+F64_MEMO_ENTRIES = 4
+"""float64 copies of input tensors kept (:func:`_f64`): the judge runs this reference and then the check on the
+same input tensors, and W at K3's (2112, 7168) takes ~64 ms to convert and is 120 MB as float64 (by hand, session 29)."""
+
+_F64: dict[tuple, tuple] = {}
+_F64_LOCK = threading.Lock()  # the judge checks a workload's kept calls on two threads (guards.perf.CallCheck)
+
+
+def _f64(t: torch.Tensor, *, magnitude: bool = False) -> torch.Tensor:
+    """``t`` as a float64 CPU tensor (``|t|`` with ``magnitude``), converted once while ``t`` lives unchanged (its
+    in-place version counter): a copy, never written, shared by the calls that ask for it."""
+    import weakref
+
+    key = (id(t), magnitude)
+    with _F64_LOCK:
+        hit = _F64.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    d = t.detach().cpu().double()
+    if magnitude:
+        d = d.abs_()
+    with _F64_LOCK:
+        for k in [k for k, v in _F64.items() if v[0]() is None]:
+            del _F64[k]
+        while len(_F64) >= F64_MEMO_ENTRIES:
+            del _F64[next(iter(_F64))]
+        _F64[key] = (weakref.ref(t), t._version, d)
+    return d
 
 
 def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -32,8 +61,7 @@ def reference(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> 
         ``out`` (M, N) float32, rounded once from float64.
     """
     x = inputs["x"].detach().cpu().double()
-    w = inputs["weight"].detach().cpu().double()
-    return {"out": (x @ w.t()).float()}
+    return {"out": (x @ _f64(inputs["weight"]).t()).float()}
 
 
 def abs_scale(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -42,8 +70,7 @@ def abs_scale(inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
     |products|; rounding errors of K additions grow like sqrt(K): kernel_targets.md §6.5's sqrt(K) scale);
     0 exactly on a zero row of x."""
     x = inputs["x"].detach().cpu().double().abs()
-    w = inputs["weight"].detach().cpu().double().abs()
-    return (x @ w.t()) * math.sqrt(x.shape[1])
+    return (x @ _f64(inputs["weight"], magnitude=True).t()) * math.sqrt(x.shape[1])
 
 
 def _first(mask: torch.Tensor) -> tuple[int, ...]:
