@@ -196,6 +196,15 @@ def _copy_out(t):
     return _TORCH["to_cpu"](_TORCH["detach"](t)) if t.device.type != "cpu" else _TORCH["clone"](_TORCH["detach"](t))
 
 
+def _input_now(v):
+    """An input as it is after a call, to be hashed: read through ``detach`` bound before candidate code ran (an
+    attribute the candidate set on the tensor object, ``x.detach = ...``, cannot answer for it: helper-38's
+    reproducer); a CPU tensor is hashed where it lies (``tensor_digest`` reads its memory without a copy), a
+    device one copied to the CPU."""
+    t = _TORCH["detach"](v)
+    return t if t.device.type == "cpu" else _TORCH["to_cpu"](t)
+
+
 def _read_outputs(specs, outs, inputs):
     """Every output after a call: its buffer, or for an in-place output the input it overwrote."""
     return {k: _copy_out(inputs[k] if s.get("inplace") else outs[k]) for k, s in specs.items()}
@@ -214,6 +223,7 @@ def _bind_torch():
 
     detach, clone, to = torch.Tensor.detach, torch.Tensor.clone, torch.Tensor.to
     _TORCH.update(detach=detach, clone=clone, to_cpu=lambda t: clone(to(t, "cpu")), inference_mode=torch.inference_mode,
+                  Tensor=torch.Tensor,
                   sync=torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None))
 
 
@@ -236,12 +246,17 @@ def _correctness_case(fn, fc, rt, req, case):
             rec["error"] = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=6))[-2000:]
         if device == "cuda":
             _SYNC()
+        # an input or output buffer the call turned into another class (``t.__class__ = S``: S's methods, its
+        # __torch_function__ included, would answer for it) is reported and never read through its class
+        swapped = {k: type(v).__name__ for k, v in {**inputs, **outs}.items() if type(v) is not _TORCH["Tensor"]}
+        if swapped:
+            rec["error"] = ("the call changed the class of " + ", ".join(f"{k} (now {c})" for k, c in swapped.items())
+                            + "; inputs and output buffers must stay torch.Tensor")
+            rec["outputs"], rec["inputs_after"] = {}, {k: {"class": type(v).__name__} for k, v in inputs.items()}
+            return rec, outs
         # the outputs as they are the moment the call returned: work a thread finishes later is missing
         rec["outputs"] = _read_outputs(case["outputs"], outs, inputs)
-        # a CPU input is hashed where it lies (tensor_digest reads its memory without a copy); a device one is
-        # copied to the CPU first
-        rec["inputs_after"] = {k: _P.tensor_digest(v if v.device.type == "cpu" else _copy_out(v))
-                               for k, v in inputs.items()}
+        rec["inputs_after"] = {k: _P.tensor_digest(_input_now(v)) for k, v in inputs.items()}
         if rec["error"] is None:
             problem = _after_call_problem()  # threads, torch state, hooks, patches
             if problem:
@@ -252,6 +267,10 @@ def _correctness_case(fn, fc, rt, req, case):
     buf = {k: _device_copy(v, device) for k, v in case["inputs_a"].items()}
     rec, outs_a = one(buf, "a_fresh", threads[0])
     results.append(rec)
+    if rec["outputs"] == {} and "changed the class of" in (rec["error"] or ""):
+        # the buffers the next call reuses answer to the candidate's class now: not touched again (the case failed)
+        results += [{**rec, "label": label} for label in ("b_reused_buffers", "a_repeat")]
+        return {"name": case["name"], "calls": results}
     for k, v in case["inputs_b"].items():  # same storage, new data: defeats caches keyed by pointer
         buf[k].copy_(v.to(device))
     # the second call writes into the first call's output buffers holding that call's values, shuffled: plausible

@@ -38,7 +38,7 @@ def _f64(t: torch.Tensor, *, magnitude: bool = False) -> torch.Tensor:
         hit = _F64.get(key)
     if hit is not None and hit[0]() is t and hit[1] == t._version:
         return hit[2]
-    d = t.detach().cpu().double()
+    d = t.detach().to("cpu", torch.float64, copy=True)  # a copy even of a float64 CPU tensor: abs_ writes it
     if magnitude:
         d = d.abs_()
     with _F64_LOCK:

@@ -383,3 +383,19 @@ def test_cost_constraints_without_a_ceiling_are_refused(moe):
     raw["cost_ceiling"] = ()
     with pytest.raises(ValueError, match="cost_constraints are set but cost_ceiling is not"):
         DomainSpec.model_validate(raw)
+
+
+def test_cases_built_on_threads_are_the_cases_built_one_by_one(monkeypatch):
+    """Above ``CASE_THREADS_ELEMENTS`` the cases are built on threads; each is still a function of (task, seed,
+    workload): same order, same bits as building them one by one."""
+    import guards.cases as C
+    from guards.correctness import same_bits
+
+    task = load_task(REPO, "k3_lse_merge")
+    monkeypatch.setattr(C, "CASE_THREADS_ELEMENTS", 0)
+    threaded = C.correctness_cases(task, 31)
+    one_by_one = [C.build_case(task, w, 31) for w in [*task.correctness.workloads, *C.random_workloads(task, 31)]]
+    assert [c.workload.name for c in threaded] == [c.workload.name for c in one_by_one]
+    for a, b in zip(threaded, one_by_one):
+        for k in a.inputs_a:
+            assert same_bits(a.inputs_a[k], b.inputs_a[k]) and same_bits(a.inputs_b[k], b.inputs_b[k]), (a.workload.name, k)

@@ -101,3 +101,66 @@ def test_a_namespace_given_another_class_is_reported_without_reading_it():
     m.__class__ = Sneaky
     found = child._patched(before, [m])  # its class, and every function it can no longer vouch for
     assert found[0] == "wb_watched_probe.__class__" and "wb_watched_probe.clock" in found
+
+
+# ---- the correctness child's reading of a call's inputs and outputs (helper-38's review, session 29) ----------
+
+
+def _run_case(kernel):
+    import contextlib
+
+    import torch
+
+    from guards import _protocol as P
+
+    child = _child_main()
+    child._bind_torch()
+    child._call_threads = lambda: (1, 1, 1)
+    child._after_call_problem = lambda: None  # the patch and thread checks are tested above; this is about reading
+
+    class Trace:
+        decisions: list = []
+
+    case = {"name": "c", "phase": "decode", "kwargs": {},
+            "outputs": {"out": {"shape": [8, 8], "dtype": "float32", "poison": 0.0}},
+            "inputs_a": {"x": torch.randn(8, 8)}, "inputs_b": {"x": torch.randn(8, 8)}}
+    res = child._correctness_case(kernel, lambda **k: contextlib.nullcontext(), lambda: contextlib.nullcontext(Trace()),
+                                  {"device": "cpu", "decode_backend": "standard", "op": "o"}, case)
+    unchanged = {r["label"]: r["inputs_after"].get("x") == P.tensor_digest(
+        case["inputs_b" if r["label"] == "b_reused_buffers" else "inputs_a"]["x"]) for r in res["calls"]}
+    return res["calls"], unchanged
+
+
+def test_an_input_write_hidden_behind_an_attribute_of_the_tensor_is_seen():
+    def kernel(x, out):
+        out.copy_(x * 2)
+        snap = x.clone()
+        x.zero_()  # writes its input
+        x.detach = lambda *a, **k: snap  # and shadows detach on the object, so a digest reading x.detach() sees snap
+
+    calls, unchanged = _run_case(kernel)
+    assert unchanged == {"a_fresh": False, "b_reused_buffers": False, "a_repeat": False}
+
+
+def test_an_input_or_output_turned_into_another_class_is_an_error_and_never_read_through_it():
+    import torch
+
+    read, inside = [], []
+
+    class Lying(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if not inside:  # called by the harness, not by the kernel itself
+                read.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def kernel(x, out):
+        inside.append(1)
+        out.copy_(x * 2)
+        x.__class__ = Lying
+        inside.clear()
+
+    calls, _ = _run_case(kernel)
+    assert all("changed the class of x (now Lying)" in c["error"] for c in calls), [c["error"] for c in calls]
+    assert all(c["outputs"] == {} for c in calls)
+    assert read == []  # nothing of the harness went through Lying's __torch_function__

@@ -77,6 +77,9 @@ def test_no_task_code_writes_its_inputs(task_id):
         want_b = ref.reference(dict(case.inputs_b), dict(case.kwargs))
         if hasattr(ref, "check"):
             assert ref.check(dict(case.inputs_a), dict(case.kwargs), want_a, want_a, task.correctness.tolerance) == []
+            wrong = {k: (v.flip(0) + 1 if v.is_floating_point() else v.flip(0) - 1) if isinstance(v, torch.Tensor) and v.numel() > 1
+                     else v for k, v in want_b.items()}  # a wrong output: the check's mismatch paths run too
+            ref.check(dict(case.inputs_b), dict(case.kwargs), wrong, want_b, task.correctness.tolerance)
         if case.twin is not None:
             getattr(ref, case.twin.relation)(dict(case.inputs_a), want_a, dict(case.inputs_b), want_b,
                                              dict(case.twin.info), dict(case.kwargs), task.correctness.tolerance)
