@@ -46,6 +46,7 @@ def judgments(basetemp: Path) -> dict:
     seen: set[str] = set()
     per_guard: dict[str, list[float]] = collections.defaultdict(list)
     total, n, by_task = 0.0, 0, collections.Counter()
+    by_task_guard: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for path in basetemp.rglob(".workbench/results/*.json"):
         try:
             data = json.loads(path.read_text())
@@ -61,10 +62,15 @@ def judgments(basetemp: Path) -> dict:
         for v in data["verdicts"]:
             if v.get("duration_s") is not None and v.get("status") != "SKIP":
                 per_guard[v["guard"]].append(float(v["duration_s"]))
+                by_task_guard[data.get("task_id", "?")][v["guard"]].append(float(v["duration_s"]))
     guards = {g: {"runs": len(v), "seconds": round(sum(v), 1), "mean_s": round(sum(v) / len(v), 1)}
               for g, v in sorted(per_guard.items(), key=lambda kv: -sum(kv[1]))}
     return {"judgments": n, "seconds": round(total, 1), "by_guard": guards,
-            "by_task": {k: round(v, 1) for k, v in by_task.most_common()}}
+            "by_task": {k: round(v, 1) for k, v in by_task.most_common()},
+            "by_task_and_guard": {t: {g: {"runs": len(v), "seconds": round(sum(v), 1)}
+                                      for g, v in sorted(by_task_guard[t].items(), key=lambda kv: -sum(kv[1]))
+                                      if sum(v) >= 0.05}
+                                  for t, _ in by_task.most_common()}}
 
 
 def main() -> None:

@@ -28,7 +28,8 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
   name), ``global`` counters and other per-call state (``+=`` on module-level names, ``next()`` of a
   module-level iterator such as ``itertools.count``), and
-  ``functools.cache``/``lru_cache`` on functions that take the op's tensors;
+  ``functools.cache``/``lru_cache`` on functions that take the op's tensors or return a mutable
+  object (a container, tensor or instance: the same object for every caller, module state by another name);
 - ``mutable-default``: a mutable default argument of any function or lambda (a list, dict or set
   literal or comprehension; ``dict()``, ``list()``, ``set()``, ``bytearray()``, anything from
   ``collections``, ``SimpleNamespace()``; a tensor or array factory such as ``torch.zeros``; an instance
@@ -233,6 +234,27 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
+def _frozen(cls: ast.ClassDef) -> bool:
+    """Whether a class is declared immutable: ``@dataclass(frozen=True)`` or a ``NamedTuple``."""
+    for dec in cls.decorator_list:
+        if isinstance(dec, ast.Call) and _dotted(dec.func).endswith("dataclass") and any(
+                k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True for k in dec.keywords):
+            return True
+    return any(_dotted(b).endswith("NamedTuple") for b in cls.bases)
+
+
+def _walk_outside_functions(node: ast.AST):
+    """``ast.walk(node)`` without descending into nested functions, lambdas or classes (their returns
+    and bindings are their own)."""
+    _nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+    todo = [] if isinstance(node, _nested) else [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        todo.extend(c for c in ast.iter_child_nodes(n)
+                    if not isinstance(c, _nested))
+
+
 def _names_in(node: ast.AST) -> set[str]:
     """Every identifier and attribute name used inside ``node``."""
     out = set()
@@ -257,6 +279,7 @@ class _PyAudit(ast.NodeVisitor):
         self.module_containers: set[str] = set()
         self.module_names: set[str] = set()
         self.classes: set[str] = set()
+        self.frozen_classes: set[str] = set()
         self.func_depth = 0
         self.locals_stack: list[set[str]] = []
         self.aliases: dict[str, ast.AST] = {}  # function-local name -> the value it was assigned
@@ -274,6 +297,7 @@ class _PyAudit(ast.NodeVisitor):
                 for a in node.names:
                     self.imported[a.asname or a.name] = f"{node.module}.{a.name}"
         self.classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        self.frozen_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and _frozen(n)}
         for node in tree.body:
             targets = []
             if isinstance(node, ast.Assign):
@@ -406,6 +430,34 @@ class _PyAudit(ast.NodeVisitor):
             return f"a tensor ({dotted}())"
         return None
 
+    def _cached_container(self, node) -> str | None:
+        """What mutable object a cached function returns (words, as :meth:`_mutable_default`), or ``None``.
+
+        ``@cache``/``@lru_cache`` hands every caller the object its first call built, so a function that
+        returns a dict, list, set, ``collections`` container, tensor or instance of a class of this file
+        (directly, or through a local name bound to one) is module state by another name (helper-37's red
+        team, session 28: a call counter in a dict from an ``lru_cache`` function passed this audit). A
+        compile cache returns a kernel, a number or a tuple of them, and a measured limit or a configuration
+        an instance of a frozen dataclass or ``NamedTuple`` of this file: neither is flagged."""
+        bound: dict[str, str] = {}
+        body = [n for stmt in node.body for n in _walk_outside_functions(stmt)]
+        for n in body:
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+                why = self._mutable_default(n.value)
+                if why:
+                    bound[n.targets[0].id] = why
+        for n in body:
+            if isinstance(n, ast.Return) and n.value is not None:
+                if (isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                        and n.value.func.id in self.frozen_classes):
+                    continue  # an immutable record (a frozen dataclass, a NamedTuple): measured limits, a config
+                why = self._mutable_default(n.value)
+                if why is None and isinstance(n.value, ast.Name):
+                    why = bound.get(n.value.id)
+                if why:
+                    return why
+        return None
+
     def _check_defaults(self, node, name: str) -> None:
         args = node.args
         positional = [*args.posonlyargs, *args.args]
@@ -434,6 +486,11 @@ class _PyAudit(ast.NodeVisitor):
             name = d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else ""
             if name in CACHE_DECORATORS and (node.name == self.target_fn or params & self.tensor_names):
                 self.add(dec, "global-state", f"@{name} on {node.name}() caches results across calls of the op")
+            elif name in CACHE_DECORATORS:
+                why = self._cached_container(node)
+                if why:
+                    self.add(dec, "global-state", f"@{name} on {node.name}() returns {why}: one object kept for "
+                                                  "every later call, so it holds state across calls of the op")
         local = set(params)
         globals_declared = set()
         for n in ast.walk(node):

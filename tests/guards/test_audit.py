@@ -77,6 +77,12 @@ BAD = [
     ("global-state", "_N = 0\n" + SIG + "    global _N\n    _N += 1\n", 3),
     ("global-state", "import functools\n@functools.lru_cache(None)\n" + SIG + "    pass\n", 2),
     ("global-state", "from functools import cache\n@cache\ndef helper(router_logits):\n    pass\n", 2),
+    # helper-37's red team (session 28): a call counter in the dict an lru_cache function hands every caller
+    ("global-state", "import functools\n@functools.lru_cache(None)\ndef _state():\n    return {'n': 0}\n" + SIG
+     + "    s = _state()\n    s['n'] += 1\n", 2),
+    ("global-state", "from functools import cache\n@cache\ndef _state():\n    d = dict()\n    return d\n", 2),
+    ("global-state", HEAD + "import functools\n@functools.cache\ndef _buf(n):\n    return torch.zeros(n)\n", 5),
+    ("global-state", "import functools\nclass S:\n    n = 0\n@functools.cache\ndef _s():\n    return S()\n", 4),
     ("mutable-default", "def moe_route_dispatch(router_logits, _cache={}, **kw):\n    pass\n", 1),
     ("mutable-default", "def helper(x,\n           _n=[0]):\n    _n[0] += 1\n", 2),
     ("mutable-default", SIG.replace("**kw", "*, _seen=set(), **kw") + "    pass\n", 1),
@@ -144,6 +150,12 @@ HONEST = [
     # compile caches keyed by dtype or block size, as CuTe DSL / Triton kernels keep them
     "_KERNELS = {}\n" + SIG + "    key = (router_logits.dtype, kw['block_size'])\n    _KERNELS[key] = object()\n",
     "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block_size, dtype):\n    return block_size\n",
+    # a cached factory returning a kernel (its own returns are the kernel's) or a tuple of numbers
+    "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block):\n    def k(x):\n        return []\n"
+    "    return k\n",
+    "import functools\n@functools.cache\ndef config(block):\n    return (block, 4)\n",
+    "import dataclasses, functools\n@dataclasses.dataclass(frozen=True)\nclass Limits:\n    bw: float\n"
+    "@functools.cache\ndef limits():\n    return Limits(1.0)\n",
     # compile caches keyed by dtype and shape class (issue 13: CuTe DSL compiles once per (E, K, ...))
     "_KERNELS = {}\n" + SIG + "    E = router_logits.shape[1]\n    key = (router_logits.dtype, E, kw['top_k'])\n"
     "    if key not in _KERNELS:\n        _KERNELS[key] = compile_kernel(*key)\n    _KERNELS[key](router_logits)\n",
