@@ -468,6 +468,7 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         _fail(exc)
     if ra.task_id != rb.task_id:
         _fail(WorkbenchError(f"Result files are for different tasks ({ra.task_id} vs {rb.task_id}); compare runs of one task."))
+    console.print(_same_candidate(ra, rb), markup=False)
     console.print(_side_by_side(f"{ra.task_id}: {a.name} (A) vs {b.name} (B), guard by guard", "guard", ("", "says"),
                                 {v.guard: v for v in ra.verdicts}, {v.guard: v for v in rb.verdicts},
                                 lambda v: (v.status.value, escape(_clip(v.summary, 70))), ("-", "")))
@@ -478,9 +479,27 @@ def compare(a: Path = typer.Argument(..., help="First result file."), b: Path = 
         console.print(_side_by_side(f"{ra.task_id}: perf, configuration by configuration", "config", ("speedup", "verdict"),
                                     {p.name: p for p in ra.perf}, {p.name: p for p in rb.perf},
                                     lambda p: (f"{p.speedup:.3f}x", p.verdict), ("-", "-")))
+        console.print(_PERF_LEGEND, markup=False)
     where = lambda r: f"{r.device} {r.environment.get('gpu_name') or ''}".strip()  # noqa: E731
     console.print(f"A: {ra.acceptance_label.lower()} on {where(ra)}; B: {rb.acceptance_label.lower()} on {where(rb)}",
                   markup=False)
+
+
+_PERF_LEGEND = ("gain / no_gain: a configuration the kernel claims (a speedup of at least the task's min_speedup "
+                "is required); neutral: listed or drawn at run time (random-perf-*) only to look for a regression, "
+                "none found; not_claimed: outside the kernel's scope, not timed; any other verdict fails the guard.")
+"""What the perf table's verdicts mean (``guards.perf_status.PerfStatus``), printed under it."""
+
+
+def _same_candidate(ra, rb) -> str:
+    """One line: whether two results judged the same candidate code (their content keys,
+    ``workbench.retries.content_key``), with each side's candidate commit and seed."""
+    sides = f"A: candidate {ra.candidate.candidate_commit[:10]}, seed {ra.seed}; B: candidate {rb.candidate.candidate_commit[:10]}, seed {rb.seed}"
+    if ra.content_key and ra.content_key == rb.content_key:
+        return f"A and B judged the same candidate code ({sides})."
+    if ra.content_key and rb.content_key:
+        return f"A and B judged DIFFERENT candidate code ({sides}): their differences may be the code's, not the draws'."
+    return f"Whether A and B judged the same code is not recorded in both results ({sides})."
 
 
 def _side_by_side(title: str, key: str, fields: tuple[str, ...], a: dict, b: dict, cells, missing: tuple) -> Table:

@@ -38,7 +38,7 @@ def render_markdown(r: RunResult) -> str:
         f"- started {r.started_at}, took {r.duration_s:.1f} s",
         f"- seed: {r.seed if r.seed is not None else 'not recorded (schema-1 result file)'}",
         f"- reproduce: `{r.command}`",
-        *([f"- judging {r.judging} of the same candidate content: pooled with {', '.join(r.pooled_from)}"]
+        *([f"- judging {r.judging} of this exact code: pooled with {', '.join(r.pooled_from)}"]
           if r.judging > 1 else []),
         "",
         "## Verdicts",

@@ -206,14 +206,14 @@ def pool(task, verdicts: list[Verdict], perf: list[dict], earlier: list[Judging]
         if own is not None:  # this judging found it wrong too, at the same guard or earlier: its own words first
             i = names.index(own.guard)
             fail = own.model_copy(update={
-                "summary": f"{own.summary.rstrip('.')}. (Judging {n} of the same candidate content; judging "
-                           f"{o.result_id} (seed {o.seed}) found it wrong too, at {v.guard}.)",
+                "summary": f"{own.summary.rstrip('.')}. (This exact code was judged before, this is judging {n} of it; "
+                           f"judging {o.result_id} (seed {o.seed}) found it wrong too, at {v.guard}.)",
                 "evidence": (*own.evidence, Evidence(name="earlier_result", value=o.result_id),
                              Evidence(name="judging", value=n, unit="count"))})
         else:
             fail = Verdict(guard=v.guard, status=Status.FAIL,
-                           summary=f"Judging {n} of the same candidate content: judging of {o.result_id} (seed "
-                                   f"{o.seed}) found it wrong, and a later draw does not undo that: {v.summary}",
+                           summary=f"This exact code was judged before (this is judging {n} of it): judging {o.result_id} "
+                                   f"(seed {o.seed}) found it wrong, and a later draw does not undo that: {v.summary}",
                            evidence=(Evidence(name="earlier_result", value=o.result_id),
                                      Evidence(name="judging", value=n, unit="count"), *v.evidence[:8]))
         out = verdicts[:i] + [fail] + [
@@ -249,7 +249,7 @@ def pool(task, verdicts: list[Verdict], perf: list[dict], earlier: list[Judging]
                        "verdict": st["verdict"], "pooled_judgings": used + 1})
     new = perf_verdict(task, pooled, [r["name"] for r in pooled])
     new = new.model_copy(update={
-        "summary": f"Pooled over {n} judgings of the same candidate content: {new.summary}",
+        "summary": f"Pooled over {n} judgings of this exact code (the timings of earlier ones included): {new.summary}",
         "evidence": (Evidence(name="judging", value=n, unit="count"),
                      *(Evidence(name="earlier_result", value=i) for i in ids), *new.evidence)})
     verdicts = [new.with_duration(pv.duration_s) if v is pv else v for v in verdicts]

@@ -195,8 +195,8 @@ def test_run_without_seed_records_the_drawn_seed_and_its_command_reproduces_it(p
     assert (first["judging"], again["judging"]) == (1, 2) and again["pooled_from"] == [first["result_id"]]
     carried = again["verdicts"][2]["summary"]  # this judging's own finding first, the earlier one named
     assert carried.startswith(first["verdicts"][2]["summary"].rstrip(".")) and carried.endswith(
-        f"(Judging 2 of the same candidate content; judging {first['result_id']} (seed {seed}) found it wrong "
-        "too, at correctness.)")
+        f"(This exact code was judged before, this is judging 2 of it; judging {first['result_id']} (seed {seed}) "
+        "found it wrong too, at correctness.)")
 
 
 def _perf_not_judged_result(tmp_path: Path):
@@ -370,8 +370,8 @@ def test_compare_shows_guards_side_by_side_and_no_empty_perf_table(tmp_path, mon
     from workbench import cli
     from workbench.results import CandidateInfo, PerfResult, RunResult, write_result
 
-    def result(rid, verdicts, perf=()):
-        r = RunResult(result_id=rid, task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
+    def result(rid, verdicts, perf=(), key=""):
+        r = RunResult(content_key=key, result_id=rid, task_id="k3_moe_dispatch", task_spec_sha256="0" * 64,
                       candidate=CandidateInfo(source="x", kind="folder", branch="wb/t/1", worktree="/w",
                                               base_commit="a" * 40, candidate_commit="b" * 40),
                       environment={}, device="cpu", verdicts=verdicts, accepted=False, seed=1, perf=tuple(perf),
@@ -392,6 +392,8 @@ def test_compare_shows_guards_side_by_side_and_no_empty_perf_table(tmp_path, mon
             if line.startswith("│")}
     assert rows["isolation"] == ["PASS", "FAIL"] and rows["correctness"] == ["FAIL", "SKIP"]
     assert "k3_t8 differs from the reference" in text
+    assert "Whether A and B judged the same code is not recorded in both results" in text
+    assert "neutral: listed or drawn" not in text  # the perf legend only under a perf table
 
     def row(name, speedup, verdict):
         return PerfResult(name=name, axes={"T": 1}, implementation="latency_specialized", baseline_us=(1.0,),
@@ -401,10 +403,16 @@ def test_compare_shows_guards_side_by_side_and_no_empty_perf_table(tmp_path, mon
     perf = (Verdict(guard="perf", status=Status.FAIL, summary="slower", evidence=ev),)
     out.truncate(0)
     out.seek(0)
-    cli.compare(result("c-3", perf, [row("k3_t1", 1.2, "gain"), row("k3_t8", 0.8, "regression")]),
-                result("d-4", perf, [row("k3_t1", 1.1, "gain"), row("k3_t64", 1.3, "gain")]))
+    cli.compare(result("c-3", perf, [row("k3_t1", 1.2, "gain"), row("k3_t8", 0.8, "regression")], key="k1"),
+                result("d-4", perf, [row("k3_t1", 1.1, "gain"), row("k3_t64", 1.3, "gain")], key="k1"))
     text = out.getvalue()
+    assert "A and B judged the same candidate code (A: candidate bbbbbbbbbb, seed 1; B: candidate bbbbbbbbbb, seed 1)" in text
+    assert "neutral: listed or drawn at run time (random-perf-*) only to look for a regression" in text
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:6]] for line in text.splitlines()
             if line.startswith("│") and "k3_t" in line}
     assert rows["k3_t1"] == ["1.200x", "1.100x", "gain", "gain"]
     assert rows["k3_t8"] == ["0.800x", "-", "regression", "-"] and rows["k3_t64"] == ["-", "1.300x", "-", "gain"]
+    out.truncate(0)
+    out.seek(0)
+    cli.compare(result("e-5", perf, key="k1"), result("f-6", perf, key="k2"))
+    assert "A and B judged DIFFERENT candidate code" in out.getvalue()  # helper-36: compare did not say so

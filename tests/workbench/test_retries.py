@@ -94,13 +94,13 @@ def test_a_bug_found_once_stays_found_when_the_same_content_is_judged_again(proj
     assert _Flaky.calls == 2
     assert not r2.accepted and r2.judging == 2 and r2.pooled_from == (r1.result_id,)
     v = r2.first_failure()
-    assert v.guard == "correctness" and v.summary.startswith("Judging 2 of the same candidate content")
+    assert v.guard == "correctness" and v.summary.startswith("This exact code was judged before (this is judging 2 of it)")
     assert r1.result_id in v.summary and "k3_t33" in v.summary
     assert [x.status for x in r2.verdicts] == [Status.PASS, Status.FAIL, Status.SKIP]
     assert read_result(p2).content_key == r1.content_key == read_result(p1).content_key
     from workbench.report import render_markdown
 
-    assert f"- judging 2 of the same candidate content: pooled with {r1.result_id}" in render_markdown(r2)
+    assert f"- judging 2 of this exact code: pooled with {r1.result_id}" in render_markdown(r2)
     lines = (retries.ledger_path(Path(project_repo) / ".workbench")).read_text().splitlines()
     assert len(lines) == 2 and r2.result_id in lines[1]
     # other content is a first judging again
@@ -226,7 +226,7 @@ def test_a_judging_that_fails_again_leads_with_its_own_finding(project_repo, tmp
                 Verdict(guard="activation", status=Status.SKIP, summary="Not run: correctness did not pass.")]
     pooled = retries.pool(task, verdicts, [], earlier, device="cpu")
     v = pooled.verdicts[0]
-    assert v.status is Status.FAIL and v.summary.startswith("k3_t33: missing experts [559], extra [560]. (Judging 2 ")
+    assert v.status is Status.FAIL and v.summary.startswith("k3_t33: missing experts [559], extra [560]. (This exact code was judged before, this is judging 2 ")
     assert "judging k3_moe_dispatch-1-x (seed 1) found it wrong too, at correctness.)" in v.summary
     assert {e.name: e.value for e in v.evidence}["earlier_result"] == "k3_moe_dispatch-1-x"
     assert [x.status for x in pooled.verdicts] == [Status.FAIL, Status.SKIP]
