@@ -226,7 +226,8 @@ def test_a_judging_that_fails_again_leads_with_its_own_finding(project_repo, tmp
                 Verdict(guard="activation", status=Status.SKIP, summary="Not run: correctness did not pass.")]
     pooled = retries.pool(task, verdicts, [], earlier, device="cpu")
     v = pooled.verdicts[0]
-    assert v.status is Status.FAIL and v.summary.startswith("k3_t33: missing experts [559], extra [560]. (This exact code was judged before, this is judging 2 ")
+    assert v.status is Status.FAIL and v.summary.startswith(
+        "k3_t33: missing experts [559], extra [560]. (This exact code was judged before, this is judging 2 ")
     assert "judging k3_moe_dispatch-1-x (seed 1) found it wrong too, at correctness.)" in v.summary
     assert {e.name: e.value for e in v.evidence}["earlier_result"] == "k3_moe_dispatch-1-x"
     assert [x.status for x in pooled.verdicts] == [Status.FAIL, Status.SKIP]
