@@ -28,8 +28,11 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
   name), ``global`` counters and other per-call state (``+=`` on module-level names, ``next()`` of a
   module-level iterator such as ``itertools.count``), and
-  ``functools.cache``/``lru_cache`` on functions that take the op's tensors or return a mutable
-  object (a container, tensor or instance: the same object for every caller, module state by another name);
+  ``functools.cache``/``lru_cache`` on functions that take the op's tensors, and the object a cached
+  function of the file hands every caller treated as a module-level container (``d = _state();
+  d['n'] += 1``, ``next(_state())``: helper-37's red team), however the cache is spelled (an alias,
+  ``functools.cache(f)``); attributes of module-level classes and functions set inside a function
+  (``_S.n += 1``), and a module-level container rewritten from its own contents (``_C[k] = _C[k] + 1``);
 - ``mutable-default``: a mutable default argument of any function or lambda (a list, dict or set
   literal or comprehension; ``dict()``, ``list()``, ``set()``, ``bytearray()``, anything from
   ``collections``, ``SimpleNamespace()``; a tensor or array factory such as ``torch.zeros``; an instance
@@ -234,27 +237,6 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
-def _frozen(cls: ast.ClassDef) -> bool:
-    """Whether a class is declared immutable: ``@dataclass(frozen=True)`` or a ``NamedTuple``."""
-    for dec in cls.decorator_list:
-        if isinstance(dec, ast.Call) and _dotted(dec.func).endswith("dataclass") and any(
-                k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True for k in dec.keywords):
-            return True
-    return any(_dotted(b).endswith("NamedTuple") for b in cls.bases)
-
-
-def _walk_outside_functions(node: ast.AST):
-    """``ast.walk(node)`` without descending into nested functions, lambdas or classes (their returns
-    and bindings are their own)."""
-    _nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-    todo = [] if isinstance(node, _nested) else [node]
-    while todo:
-        n = todo.pop()
-        yield n
-        todo.extend(c for c in ast.iter_child_nodes(n)
-                    if not isinstance(c, _nested))
-
-
 def _names_in(node: ast.AST) -> set[str]:
     """Every identifier and attribute name used inside ``node``."""
     out = set()
@@ -279,7 +261,7 @@ class _PyAudit(ast.NodeVisitor):
         self.module_containers: set[str] = set()
         self.module_names: set[str] = set()
         self.classes: set[str] = set()
-        self.frozen_classes: set[str] = set()
+        self.cached_functions: set[str] = set()  # module-level functions behind functools.cache / lru_cache
         self.func_depth = 0
         self.locals_stack: list[set[str]] = []
         self.aliases: dict[str, ast.AST] = {}  # function-local name -> the value it was assigned
@@ -297,7 +279,14 @@ class _PyAudit(ast.NodeVisitor):
                 for a in node.names:
                     self.imported[a.asname or a.name] = f"{node.module}.{a.name}"
         self.classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-        self.frozen_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and _frozen(n)}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.module_names.add(node.name)  # their attributes are module state too (``_S.n += 1``)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    self._is_cache(d) for d in node.decorator_list):
+                self.cached_functions.add(node.name)
+            elif isinstance(node, ast.Assign) and self._cache_call(node.value):
+                self.cached_functions |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         for node in tree.body:
             targets = []
             if isinstance(node, ast.Assign):
@@ -311,6 +300,36 @@ class _PyAudit(ast.NodeVisitor):
                     self.module_names.add(t.id)
                     if self._is_container(value):
                         self.module_containers.add(t.id)
+
+    def _is_cache(self, dec: ast.AST) -> bool:
+        """Whether a decorator (or the callee of ``functools.cache(f)``) is ``functools.cache`` or
+        ``lru_cache``, under any import name (``from functools import lru_cache as memo``)."""
+        d = dec.func if isinstance(dec, ast.Call) and not (isinstance(dec.func, ast.Call)) else dec
+        dotted = _dotted(d)
+        root = dotted.split(".")[0]
+        if root in self.imported:
+            dotted = self.imported[root] + dotted[len(root):]
+        return dotted in ("functools.cache", "functools.lru_cache") or (
+            dotted in ("cache", "lru_cache") and root not in self.module_names)
+
+    def _cache_call(self, value: ast.AST) -> bool:
+        """Whether ``value`` wraps a function in a cache: ``functools.cache(f)``, ``lru_cache(None)(f)``."""
+        if not isinstance(value, ast.Call):
+            return False
+        f = value.func
+        return self._is_cache(f) or (isinstance(f, ast.Call) and self._is_cache(f.func))
+
+    def _cached_object(self, node: ast.AST, depth: int = 0) -> str | None:
+        """The cached function whose shared result ``node`` is (a call of it, a local name bound to one,
+        or a subscript or attribute of either), or ``None``."""
+        while isinstance(node, (ast.Subscript, ast.Attribute)):
+            node = node.value
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.cached_functions \
+                and not self._is_local(node.func.id):
+            return node.func.id
+        if isinstance(node, ast.Name) and node.id in self.aliases and depth < 4:
+            return self._cached_object(self.aliases[node.id], depth + 1)
+        return None
 
     @staticmethod
     def _is_container(value: ast.AST) -> bool:
@@ -430,34 +449,6 @@ class _PyAudit(ast.NodeVisitor):
             return f"a tensor ({dotted}())"
         return None
 
-    def _cached_container(self, node) -> str | None:
-        """What mutable object a cached function returns (words, as :meth:`_mutable_default`), or ``None``.
-
-        ``@cache``/``@lru_cache`` hands every caller the object its first call built, so a function that
-        returns a dict, list, set, ``collections`` container, tensor or instance of a class of this file
-        (directly, or through a local name bound to one) is module state by another name (helper-37's red
-        team, session 28: a call counter in a dict from an ``lru_cache`` function passed this audit). A
-        compile cache returns a kernel, a number or a tuple of them, and a measured limit or a configuration
-        an instance of a frozen dataclass or ``NamedTuple`` of this file: neither is flagged."""
-        bound: dict[str, str] = {}
-        body = [n for stmt in node.body for n in _walk_outside_functions(stmt)]
-        for n in body:
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-                why = self._mutable_default(n.value)
-                if why:
-                    bound[n.targets[0].id] = why
-        for n in body:
-            if isinstance(n, ast.Return) and n.value is not None:
-                if (isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
-                        and n.value.func.id in self.frozen_classes):
-                    continue  # an immutable record (a frozen dataclass, a NamedTuple): measured limits, a config
-                why = self._mutable_default(n.value)
-                if why is None and isinstance(n.value, ast.Name):
-                    why = bound.get(n.value.id)
-                if why:
-                    return why
-        return None
-
     def _check_defaults(self, node, name: str) -> None:
         args = node.args
         positional = [*args.posonlyargs, *args.args]
@@ -484,13 +475,9 @@ class _PyAudit(ast.NodeVisitor):
         for dec in node.decorator_list:
             d = dec.func if isinstance(dec, ast.Call) else dec
             name = d.attr if isinstance(d, ast.Attribute) else d.id if isinstance(d, ast.Name) else ""
-            if name in CACHE_DECORATORS and (node.name == self.target_fn or params & self.tensor_names):
+            if (name in CACHE_DECORATORS or self._is_cache(dec)) and (node.name == self.target_fn
+                                                                      or params & self.tensor_names):
                 self.add(dec, "global-state", f"@{name} on {node.name}() caches results across calls of the op")
-            elif name in CACHE_DECORATORS:
-                why = self._cached_container(node)
-                if why:
-                    self.add(dec, "global-state", f"@{name} on {node.name}() returns {why}: one object kept for "
-                                                  "every later call, so it holds state across calls of the op")
         local = set(params)
         globals_declared = set()
         for n in ast.walk(node):
@@ -528,7 +515,10 @@ class _PyAudit(ast.NodeVisitor):
             for t in target.elts:
                 self._check_store_target(t, None, node, aug)
             return
-        if isinstance(target, ast.Attribute):
+        if isinstance(target, ast.Attribute) and self.func_depth and self._cached_object(target.value):
+            self.add(node, "global-state", f"assigns an attribute of the object {self._cached_object(target.value)}() "
+                                           "caches: one object shared by every call, so it keeps state across calls")
+        elif isinstance(target, ast.Attribute):
             root = _root_name(target)
             if root in self.imported or root in ("sys", "builtins", "__builtins__"):
                 self.add(node, "monkeypatch", f"assigns {_dotted(target)}: patches an imported module or class")
@@ -536,13 +526,16 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "global-state", f"assigns {_dotted(target)} inside a function: state kept across calls")
             elif root == self.target_fn or (root and root in self.module_names and aug):
                 self.add(node, "global-state", f"updates {_dotted(target)}: state kept across calls")
+        elif isinstance(target, ast.Subscript) and self.func_depth and self._cached_object(target.value):
+            self.add(node, "global-state", f"stores into the object {self._cached_object(target.value)}() caches: one "
+                                           "object shared by every call, so it keeps state across calls")
         elif isinstance(target, ast.Subscript):
             root = _root_name(target)
             if root in ("sys", "builtins", "__builtins__") or (root and self.imported.get(root, "").startswith("sys")):
                 self.add(node, "monkeypatch", f"assigns into {root}: patches interpreter state")
             elif root in self.module_containers and self.func_depth and not self._is_local(root):
                 why = self._cache_store_why(target.slice, value)
-                if aug:
+                if aug or (value is not None and root in self._bare_names(value)):
                     self.add(node, "global-state", f"updates {root}[...] inside a function: per-call counter or cache")
                 elif why:
                     self.add(node, "global-state", f"stores into module-level {root}[...] keyed or filled from the "
@@ -561,6 +554,13 @@ class _PyAudit(ast.NodeVisitor):
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             self._check_store_target(node.target, node.value, node, aug=False)
+            if isinstance(node.target, ast.Name) and self.func_depth:
+                self.aliases[node.target.id] = node.value
+        self.generic_visit(node)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        if self.func_depth:
+            self.aliases[node.target.id] = node.value
         self.generic_visit(node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
@@ -579,6 +579,10 @@ class _PyAudit(ast.NodeVisitor):
         if isinstance(f, ast.Name) and f.id in DANGEROUS_BUILTINS and not self._is_local(f.id) \
                 and f.id not in self.imported and f.id not in self.module_names:
             self.add(node, DANGEROUS_BUILTINS[f.id], f"calls {f.id}()")
+        if isinstance(f, ast.Attribute) and f.attr in MUTATORS | {"pop", "popitem", "clear", "remove", "discard"} \
+                and self.func_depth and self._cached_object(f.value):
+            self.add(node, "global-state", f".{f.attr}() on the object {self._cached_object(f.value)}() caches: one "
+                                           "object shared by every call, so it keeps state across calls")
         if isinstance(f, ast.Attribute):
             root = _root_name(f)
             if f.attr in MUTATORS and root in self.module_containers and self.func_depth and not self._is_local(root):
@@ -601,6 +605,10 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "monkeypatch", f"calls {f.id}({node.args[0].id}, ...): reaches {mod}'s attributes by "
                                               "a string, past the rules that name them")
         if isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
+                and self._cached_object(node.args[0]):
+            self.add(node, "global-state", f"next() on the iterator {self._cached_object(node.args[0])}() caches: state "
+                                           "kept across calls")
+        elif isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id in self.module_names \
                 and not self._is_local(node.args[0].id):
             self.add(node, "global-state", f"next({node.args[0].id}) on a module-level iterator: state kept across calls")

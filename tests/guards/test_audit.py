@@ -77,12 +77,25 @@ BAD = [
     ("global-state", "_N = 0\n" + SIG + "    global _N\n    _N += 1\n", 3),
     ("global-state", "import functools\n@functools.lru_cache(None)\n" + SIG + "    pass\n", 2),
     ("global-state", "from functools import cache\n@cache\ndef helper(router_logits):\n    pass\n", 2),
-    # helper-37's red team (session 28): a call counter in the dict an lru_cache function hands every caller
+    # helper-37's red team (session 28): a call counter in the dict an lru_cache function hands every caller;
+    # helper-39's review: the same through an import alias, the call form, an iterator, a class attribute
     ("global-state", "import functools\n@functools.lru_cache(None)\ndef _state():\n    return {'n': 0}\n" + SIG
-     + "    s = _state()\n    s['n'] += 1\n", 2),
-    ("global-state", "from functools import cache\n@cache\ndef _state():\n    d = dict()\n    return d\n", 2),
-    ("global-state", HEAD + "import functools\n@functools.cache\ndef _buf(n):\n    return torch.zeros(n)\n", 5),
-    ("global-state", "import functools\nclass S:\n    n = 0\n@functools.cache\ndef _s():\n    return S()\n", 4),
+     + "    s = _state()\n    s['n'] += 1\n", 7),
+    ("global-state", "from functools import lru_cache as memo\n@memo(None)\ndef _state():\n    return {'n': 0}\n" + SIG
+     + "    _state()['n'] += 1\n", 6),
+    ("global-state", "import functools\ndef _mk():\n    return {'n': 0}\n_state = functools.cache(_mk)\n" + SIG
+     + "    d = _state()\n    d['n'] = d['n'] + 1\n", 7),
+    ("global-state", "import functools\n_state = functools.cache(lambda: {'n': 0})\n" + SIG
+     + "    e = _state()\n    f = e\n    f['n'] += 1\n", 6),
+    ("global-state", "import functools, itertools\n@functools.cache\ndef _c():\n    return itertools.count()\n" + SIG
+     + "    k = next(_c())\n", 6),
+    ("global-state", "import functools\n@functools.cache\ndef _state():\n    return [0]\n" + SIG
+     + "    if (d := _state()):\n        d.append(1)\n", 7),
+    ("global-state", "import functools, types\n@functools.cache\ndef _s():\n    return types.SimpleNamespace(n=0)\n"
+     + SIG + "    s: object = _s()\n    s.n += 1\n", 7),
+    ("global-state", "class _S:\n    n = 0\n" + SIG + "    _S.n += 1\n", 4),
+    ("global-state", "def _h():\n    pass\n" + SIG + "    _h.n = getattr(_h, 'n', 0) + 1\n", 4),
+    ("global-state", "_C = {}\n" + SIG + "    _C['n'] = _C.get('n', 0) + 1\n", 3),
     ("mutable-default", "def moe_route_dispatch(router_logits, _cache={}, **kw):\n    pass\n", 1),
     ("mutable-default", "def helper(x,\n           _n=[0]):\n    _n[0] += 1\n", 2),
     ("mutable-default", SIG.replace("**kw", "*, _seen=set(), **kw") + "    pass\n", 1),
@@ -150,12 +163,12 @@ HONEST = [
     # compile caches keyed by dtype or block size, as CuTe DSL / Triton kernels keep them
     "_KERNELS = {}\n" + SIG + "    key = (router_logits.dtype, kw['block_size'])\n    _KERNELS[key] = object()\n",
     "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block_size, dtype):\n    return block_size\n",
-    # a cached factory returning a kernel (its own returns are the kernel's) or a tuple of numbers
-    "import functools\n@functools.lru_cache(None)\ndef compile_kernel(block):\n    def k(x):\n        return []\n"
-    "    return k\n",
-    "import functools\n@functools.cache\ndef config(block):\n    return (block, 4)\n",
-    "import dataclasses, functools\n@dataclasses.dataclass(frozen=True)\nclass Limits:\n    bw: float\n"
-    "@functools.cache\ndef limits():\n    return Limits(1.0)\n",
+    # a cached config table or workspace only read or written through out= (vLLM's get_moe_configs is an
+    # lru_cache returning a dict): the object is shared, but nothing in the file changes it
+    "import functools\n@functools.lru_cache\ndef get_config(M, E):\n    cfg = {'BLOCK_M': 64}\n    return cfg\n" + SIG
+    + "    c = get_config(router_logits.shape[0], 896)\n    bm = c['BLOCK_M']\n",
+    HEAD + "import functools\n@functools.lru_cache\ndef _ws(n):\n    return torch.empty(n)\n" + SIG
+    + "    w = _ws(4)\n    torch.mul(router_logits, 2, out=w)\n",
     # compile caches keyed by dtype and shape class (issue 13: CuTe DSL compiles once per (E, K, ...))
     "_KERNELS = {}\n" + SIG + "    E = router_logits.shape[1]\n    key = (router_logits.dtype, E, kw['top_k'])\n"
     "    if key not in _KERNELS:\n        _KERNELS[key] = compile_kernel(*key)\n    _KERNELS[key](router_logits)\n",
