@@ -314,6 +314,29 @@ def _machine_share(request, tmp_path_factory) -> Iterator[None]:
             log.write(json.dumps(line) + "\n")
 
 
+WORKER_MEMORY_BYTES = 7 * 2**30
+"""Memory one pytest-xdist worker may take with its guard children at their peak (bytes). Source: session 30's
+rehearsal with three workers on the 2-core, 23.5 GiB CI machine (``bench/results/cpu/
+ci_session30_rehearsal2_three_workers_memory.log``): 22.0 GiB in use at its peak, 2.0 GiB available."""
+
+
+def auto_workers(cpus: int, memory_bytes: int) -> int:
+    """How many workers ``-n auto`` starts: one per core, but no more than the machine's memory holds at
+    :data:`WORKER_MEMORY_BYTES` each (at least one). A third worker on the 2-core CI machine brought it within
+    2 GiB of the OOM killer and no faster (the rehearsal above); a many-core machine with little memory
+    would lose workers to it (sessions 21-28 lost single workers so)."""
+    return max(1, min(cpus, memory_bytes // WORKER_MEMORY_BYTES))
+
+
+def pytest_xdist_auto_num_workers(config) -> int | None:
+    """``-n auto``: :func:`auto_workers` of this machine (``PYTEST_XDIST_AUTO_NUM_WORKERS`` still wins)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return auto_workers(cpus, memory)
+
+
 def pytest_terminal_summary(terminalreporter, config) -> None:
     """Under pytest-xdist, one line on what the machine locks cost: the time tests waited for them and held
     the machine alone (a core idles meanwhile), to see what the ``quiet`` tests cost the suite's wall time."""
