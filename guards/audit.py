@@ -28,11 +28,17 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   from the call's tensors (``data_ptr``, ``id``, ``hash``, ``shape``, ``clone``, an input or output
   name), ``global`` counters and other per-call state (``+=`` on module-level names, ``next()`` of a
   module-level iterator such as ``itertools.count``), and
-  ``functools.cache``/``lru_cache`` on functions that take the op's tensors, and the object a cached
-  function of the file hands every caller treated as a module-level container (``d = _state();
-  d['n'] += 1``, ``next(_state())``: helper-37's red team), however the cache is spelled (an alias,
-  ``functools.cache(f)``); attributes of module-level classes and functions set inside a function
-  (``_S.n += 1``), and a module-level container rewritten from its own contents (``_C[k] = _C[k] + 1``);
+  ``functools.cache``/``lru_cache`` on functions that take the op's tensors. State shared by every call
+  is a module-level container or tensor (or one built by a function of the file), a container held by a
+  module-level class or function (``_S.cache``), a name imported from the kernel's own package, or the
+  object a cached function of the file hands every caller (``d = _state()``, however the cache is
+  spelled: an alias, ``functools.cache(f)``), reached directly or through local names. Inside a function,
+  on such state: an in-place update or a store computed from its own value (``d['n'] += 1``,
+  ``_C[k] = _C.get(k, 0) + 1``), removing (``pop``, ``clear``: first-call flags), growing it by constants
+  or from itself (``_CALLS.append(1)``), ``next()`` on it, and stores or mutators whose key or value come
+  from the call's tensors (an output cache) are findings (helper-37's and helper-40's red teams, session
+  30). A workspace kept per size (``kept.append(torch.empty(n))``, ``ws[:] = 0``) and a read config table
+  are not;
 - ``mutable-default``: a mutable default argument of any function or lambda (a list, dict or set
   literal or comprehension; ``dict()``, ``list()``, ``set()``, ``bytearray()``, anything from
   ``collections``, ``SimpleNamespace()``; a tensor or array factory such as ``torch.zeros``; an instance
@@ -171,6 +177,8 @@ SHAPE_ATTRS = {"shape", "size", "dim", "numel", "ndimension"}
 """Tensor attributes that give a shape class (E, K, a batch size): a compile cache may key on them when
 what it stores is not built from the call's tensors (no tensor, copy or tensor factory in the value)."""
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "__setitem__", "appendleft", "put"}
+REMOVERS = {"pop", "popitem", "clear", "remove", "discard", "popleft"}
+"""Methods that take from a container: on state shared by every call, a first-call flag or a counter."""
 CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary",
                    "WeakKeyDictionary", "ChainMap"}
 MUTABLE_DEFAULT_CALLS = CONTAINER_CALLS | {"bytearray", "SimpleNamespace", "UserDict", "UserList", "array"}
@@ -237,6 +245,18 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
+def _constant(node: ast.AST) -> bool:
+    """Whether an expression is a constant (a literal, or a tuple/list/set/dict of them): what a counter
+    stores, where a cache stores values built from the call."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(map(_constant, node.elts))
+    if isinstance(node, ast.Dict):
+        return all(k is None or _constant(k) for k in node.keys) and all(map(_constant, node.values))
+    return isinstance(node, ast.UnaryOp) and _constant(node.operand)
+
+
 def _names_in(node: ast.AST) -> set[str]:
     """Every identifier and attribute name used inside ``node``."""
     out = set()
@@ -262,6 +282,8 @@ class _PyAudit(ast.NodeVisitor):
         self.module_names: set[str] = set()
         self.classes: set[str] = set()
         self.cached_functions: set[str] = set()  # module-level functions behind functools.cache / lru_cache
+        self.module_defs: set[str] = set()  # module-level classes and functions (their attributes are module state)
+        self.own_package_names: set[str] = set()  # names imported from the kernel's own package (``from . import x``)
         self.func_depth = 0
         self.locals_stack: list[set[str]] = []
         self.aliases: dict[str, ast.AST] = {}  # function-local name -> the value it was assigned
@@ -278,10 +300,14 @@ class _PyAudit(ast.NodeVisitor):
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for a in node.names:
                     self.imported[a.asname or a.name] = f"{node.module}.{a.name}"
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module == self.target_module
+                                                     or (node.module or "").startswith(self.target_module + ".")):
+                self.own_package_names |= {a.asname or a.name for a in node.names}
         self.classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.module_names.add(node.name)  # their attributes are module state too (``_S.n += 1``)
+                self.module_defs.add(node.name)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
                     self._is_cache(d) for d in node.decorator_list):
                 self.cached_functions.add(node.name)
@@ -298,7 +324,9 @@ class _PyAudit(ast.NodeVisitor):
             for t in targets:
                 if isinstance(t, ast.Name):
                     self.module_names.add(t.id)
-                    if self._is_container(value):
+                    if self._is_container(value) or (  # built by a function of this file: _C = _make_state()
+                            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                            and value.func.id in self.module_defs and value.func.id not in self.classes):
                         self.module_containers.add(t.id)
 
     def _is_cache(self, dec: ast.AST) -> bool:
@@ -331,6 +359,40 @@ class _PyAudit(ast.NodeVisitor):
             return self._cached_object(self.aliases[node.id], depth + 1)
         return None
 
+    def _shared_state(self, node: ast.AST, depth: int = 0) -> str | None:
+        """What state shared by every call of the op ``node`` is part of (words), or ``None``: a module-level
+        container (``_C``, ``_C["k"]``), an attribute of a module-level class or function (``_S.cache``), the
+        object a cached function hands every caller (``_state()``), reached directly or through local names."""
+        cached = self._cached_object(node)
+        if cached:
+            return f"the object {cached}() caches"
+        attrs = 0
+        while isinstance(node, (ast.Subscript, ast.Attribute)) or (  # an item: _C["k"], _C.get("k"), _C.setdefault(...)
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "setdefault", "__getitem__")):
+            if isinstance(node, ast.Call):
+                node = node.func
+            attrs += isinstance(node, ast.Attribute) and node.attr not in ("get", "setdefault", "__getitem__")
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        if self._is_local(node.id):
+            alias = self.aliases.get(node.id)
+            return self._shared_state(alias, depth + 1) if alias is not None and depth < 4 else None
+        if node.id in self.module_containers:
+            return f"module-level {node.id}"
+        if node.id in self.own_package_names:
+            return f"{node.id} (imported from the kernel's own package)"  # another file's module state
+        if node.id in self.module_defs and attrs:
+            return f"an attribute of module-level {node.id}"
+        return None
+
+    def _reads_state(self, value: ast.AST | None, state: str) -> bool:
+        """Whether ``value`` reads the shared state ``state`` (a read-modify-write: ``_C[k] = _C.get(k, 0) + 1``)."""
+        return value is not None and any(
+            isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) and self._shared_state(n) == state
+            for n in ast.walk(value))
+
     @staticmethod
     def _is_container(value: ast.AST) -> bool:
         if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
@@ -338,7 +400,8 @@ class _PyAudit(ast.NodeVisitor):
         if isinstance(value, ast.Call):
             f = value.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            return name in CONTAINER_CALLS
+            return name in CONTAINER_CALLS or (  # a module-level tensor is a container of numbers (``_N[0] += 1``)
+                _dotted(f).split(".")[0] in ("torch", "numpy", "np") and name in TENSOR_FACTORIES)
         return False
 
     def _bare_names(self, node: ast.AST, depth: int = 0, safe: frozenset[str] | set[str] = SAFE_TENSOR_ATTRS) -> set[str]:
@@ -515,34 +578,36 @@ class _PyAudit(ast.NodeVisitor):
             for t in target.elts:
                 self._check_store_target(t, None, node, aug)
             return
-        if isinstance(target, ast.Attribute) and self.func_depth and self._cached_object(target.value):
-            self.add(node, "global-state", f"assigns an attribute of the object {self._cached_object(target.value)}() "
-                                           "caches: one object shared by every call, so it keeps state across calls")
+        state = self._shared_state(target.value) if self.func_depth and isinstance(
+            target, (ast.Attribute, ast.Subscript)) else None
+        if state and (aug or self._reads_state(value, state)):
+            what = f"attribute .{target.attr}" if isinstance(target, ast.Attribute) else "an item"
+            self.add(node, "global-state", f"updates {what} of {state} inside a function, from its own value: "
+                                           "per-call counter or cache")
         elif isinstance(target, ast.Attribute):
             root = _root_name(target)
             if root in self.imported or root in ("sys", "builtins", "__builtins__"):
                 self.add(node, "monkeypatch", f"assigns {_dotted(target)}: patches an imported module or class")
             elif root in self.module_names and self.func_depth and not self._is_local(root):
-                self.add(node, "global-state", f"assigns {_dotted(target)} inside a function: state kept across calls")
+                self.add(node, "global-state", f"assigns {_dotted(target)} inside a function: state kept across calls "
+                                               "(a compile cache belongs in a module-level dict keyed by dtype and shape)")
             elif root == self.target_fn or (root and root in self.module_names and aug):
                 self.add(node, "global-state", f"updates {_dotted(target)}: state kept across calls")
-        elif isinstance(target, ast.Subscript) and self.func_depth and self._cached_object(target.value):
-            self.add(node, "global-state", f"stores into the object {self._cached_object(target.value)}() caches: one "
-                                           "object shared by every call, so it keeps state across calls")
         elif isinstance(target, ast.Subscript):
             root = _root_name(target)
             if root in ("sys", "builtins", "__builtins__") or (root and self.imported.get(root, "").startswith("sys")):
                 self.add(node, "monkeypatch", f"assigns into {root}: patches interpreter state")
-            elif root in self.module_containers and self.func_depth and not self._is_local(root):
+            elif state and not state.startswith("the object"):
                 why = self._cache_store_why(target.slice, value)
-                if aug or (value is not None and root in self._bare_names(value)):
-                    self.add(node, "global-state", f"updates {root}[...] inside a function: per-call counter or cache")
-                elif why:
-                    self.add(node, "global-state", f"stores into module-level {root}[...] keyed or filled from the "
-                                                   f"call's tensors ({why}): an output cache")
+                if why:
+                    self.add(node, "global-state", f"stores into {state} keyed or filled from the call's tensors "
+                                                   f"({why}): an output cache")
         elif isinstance(target, ast.Name) and aug and self.func_depth and not self._is_local(target.id) \
                 and target.id in self.module_names:
             self.add(node, "global-state", f"updates module-level {target.id}: per-call counter")
+        elif isinstance(target, ast.Name) and aug and self.func_depth and self._shared_state(target):
+            self.add(node, "global-state", f"updates {self._shared_state(target)} in place through {target.id}: "
+                                           "per-call counter or cache")
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for t in node.targets:
@@ -579,21 +644,27 @@ class _PyAudit(ast.NodeVisitor):
         if isinstance(f, ast.Name) and f.id in DANGEROUS_BUILTINS and not self._is_local(f.id) \
                 and f.id not in self.imported and f.id not in self.module_names:
             self.add(node, DANGEROUS_BUILTINS[f.id], f"calls {f.id}()")
-        if isinstance(f, ast.Attribute) and f.attr in MUTATORS | {"pop", "popitem", "clear", "remove", "discard"} \
-                and self.func_depth and self._cached_object(f.value):
-            self.add(node, "global-state", f".{f.attr}() on the object {self._cached_object(f.value)}() caches: one "
-                                           "object shared by every call, so it keeps state across calls")
+        if isinstance(f, ast.Attribute) and f.attr in MUTATORS | REMOVERS \
+                and self.func_depth and self._shared_state(f.value):
+            state = self._shared_state(f.value)
+            args = [*node.args, *(k.value for k in node.keywords)]
+            if f.attr in ("setdefault", "__setitem__") and len(node.args) == 2 and not node.keywords \
+                    and not self._reads_state(node.args[1], state):
+                why = self._cache_store_why(node.args[0], node.args[1])  # (key, value), as a subscript store
+                if why:
+                    self.add(node, "global-state", f".{f.attr}(...) on {state} with values from the call's tensors "
+                                                   f"({why}): an output cache")
+            elif f.attr in REMOVERS or any(self._reads_state(a, state) for a in args) or all(map(_constant, args)):
+                # removing (first-call flags, eviction), growing from itself or by constants: a per-call counter
+                self.add(node, "global-state", f".{f.attr}() on {state} inside a function: state kept across calls "
+                                               "(a per-call counter or cache)")
+            else:
+                why = next(filter(None, (self._tensorish(a, KEY_MARKERS | VALUE_MARKERS) for a in args)), None)
+                if why:  # a buffer built from shapes (a workspace kept per size) is not flagged
+                    self.add(node, "global-state", f".{f.attr}(...) on {state} with values from the call's tensors "
+                                                   f"({why}): an output cache")
         if isinstance(f, ast.Attribute):
             root = _root_name(f)
-            if f.attr in MUTATORS and root in self.module_containers and self.func_depth and not self._is_local(root):
-                if f.attr in ("setdefault", "__setitem__") and len(node.args) == 2 and not node.keywords:
-                    why = self._cache_store_why(node.args[0], node.args[1])  # (key, value), as a subscript store
-                else:
-                    why = next(filter(None, (self._tensorish(a, KEY_MARKERS | VALUE_MARKERS)
-                                             for a in [*node.args, *(k.value for k in node.keywords)])), None)
-                if why:
-                    self.add(node, "global-state", f"{root}.{f.attr}(...) with values from the call's tensors ({why}): "
-                                                   "an output cache")
             if f.attr in FILE_METHODS and root not in self.tensor_names:
                 self.add(node, "file-access", f"calls .{f.attr}()")
             elif f.attr in FS_PROBE_METHODS and root not in self.tensor_names:
@@ -605,9 +676,8 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "monkeypatch", f"calls {f.id}({node.args[0].id}, ...): reaches {mod}'s attributes by "
                                               "a string, past the rules that name them")
         if isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
-                and self._cached_object(node.args[0]):
-            self.add(node, "global-state", f"next() on the iterator {self._cached_object(node.args[0])}() caches: state "
-                                           "kept across calls")
+                and self._shared_state(node.args[0]):
+            self.add(node, "global-state", f"next() on {self._shared_state(node.args[0])}: state kept across calls")
         elif isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id in self.module_names \
                 and not self._is_local(node.args[0].id):

@@ -96,6 +96,21 @@ BAD = [
     ("global-state", "class _S:\n    n = 0\n" + SIG + "    _S.n += 1\n", 4),
     ("global-state", "def _h():\n    pass\n" + SIG + "    _h.n = getattr(_h, 'n', 0) + 1\n", 4),
     ("global-state", "_C = {}\n" + SIG + "    _C['n'] = _C.get('n', 0) + 1\n", 3),
+    # helper-40's red team: counters through mutators with constants, local aliases, class-held containers,
+    # in-place operators, module tensors, state built by a function of the file or imported from the package
+    ("global-state", "_CALLS = []\n" + SIG + "    _CALLS.append(1)\n", 3),
+    ("global-state", "_FIRST = [True]\n" + SIG + "    if _FIRST:\n        _FIRST.pop()\n", 4),
+    ("global-state", "_C = {}\n" + SIG + "    _C.update(n=_C.get('n', 0) + 1)\n", 3),
+    ("global-state", "_C = {}\n" + SIG + "    _C.setdefault('n', []).append(1)\n", 3),
+    ("global-state", "_C = {}\n" + SIG + "    d = _C\n    d[router_logits.data_ptr()] = router_logits.clone()\n", 4),
+    ("global-state", "class _S:\n    calls = []\n" + SIG + "    _S.calls.append(1)\n", 4),
+    ("global-state", "class _S:\n    cache = {}\n" + SIG + "    _S.cache['n'] = _S.cache.get('n', 0) + 1\n", 4),
+    ("global-state", "import functools\n@functools.cache\ndef _calls():\n    return []\n" + SIG
+     + "    c = _calls()\n    c += [1]\n", 7),
+    ("global-state", HEAD + "_N = torch.zeros(1)\n" + SIG + "    _N[0] += 1\n", 6),
+    ("global-state", "def _mk():\n    return {}\n_C = _mk()\n" + SIG + "    _C['n'] = _C.get('n', 0) + 1\n", 5),
+    ("global-state", "from ._state import CACHE\n" + SIG + "    CACHE['n'] += 1\n", 3),
+    ("global-state", "from . import _state\n" + SIG + "    _state.CALLS.append(1)\n", 3),
     ("mutable-default", "def moe_route_dispatch(router_logits, _cache={}, **kw):\n    pass\n", 1),
     ("mutable-default", "def helper(x,\n           _n=[0]):\n    _n[0] += 1\n", 2),
     ("mutable-default", SIG.replace("**kw", "*, _seen=set(), **kw") + "    pass\n", 1),
@@ -169,6 +184,14 @@ HONEST = [
     + "    c = get_config(router_logits.shape[0], 896)\n    bm = c['BLOCK_M']\n",
     HEAD + "import functools\n@functools.lru_cache\ndef _ws(n):\n    return torch.empty(n)\n" + SIG
     + "    w = _ws(4)\n    torch.mul(router_logits, 2, out=w)\n",
+    # workspaces: a cached buffer cleared or filled in place, a per-size buffer list grown by a new buffer
+    HEAD + "import functools\n@functools.lru_cache(maxsize=8)\ndef _ws(m):\n    return torch.empty(m)\n" + SIG
+    + "    cnt = _ws(router_logits.shape[0])\n    cnt[:] = 0\n    cnt[:4] = router_logits[0, :4]\n",
+    HEAD + "_WORKSPACES = {}\n" + SIG + "    kept = _WORKSPACES.setdefault(router_logits.device, [])\n"
+    "    if not kept or kept[-1].numel() < 64:\n        kept.append(torch.empty(64))\n",
+    # a compile cache imported from the package and read; a module lookup table read
+    "from ._kernels import build, CONFIGS\n" + SIG + "    k = build(CONFIGS['default'])\n",
+    HEAD + "_LUT = torch.arange(8)\n" + SIG + "    x = _LUT[router_logits.shape[0] % 8]\n",
     # compile caches keyed by dtype and shape class (issue 13: CuTe DSL compiles once per (E, K, ...))
     "_KERNELS = {}\n" + SIG + "    E = router_logits.shape[1]\n    key = (router_logits.dtype, E, kw['top_k'])\n"
     "    if key not in _KERNELS:\n        _KERNELS[key] = compile_kernel(*key)\n    _KERNELS[key](router_logits)\n",
