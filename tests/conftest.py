@@ -317,7 +317,7 @@ def _machine_share(request, tmp_path_factory) -> Iterator[None]:
 WORKER_MEMORY_BYTES = 7 * 2**30
 """Memory one pytest-xdist worker may take with its guard children at their peak (bytes). Source: session 30's
 rehearsal with three workers on the 2-core, 23.5 GiB CI machine (``bench/results/cpu/
-ci_session30_rehearsal2_three_workers_memory.log``): 22.0 GiB in use at its peak, 2.0 GiB available."""
+ci_session30_rehearsal2_three_workers_memory.log``): 21.5 GiB (22,011 MiB) in use at its peak, 2.0 GiB available."""
 
 
 def auto_workers(cpus: int, memory_bytes: int) -> int:
