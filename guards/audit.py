@@ -35,7 +35,7 @@ never imported here): Python through its AST, CUDA/C++ sources (and string const
   spelled: an alias, ``functools.cache(f)``), reached directly or through local names. Inside a function,
   on such state: an in-place update or a store computed from its own value (``d['n'] += 1``,
   ``_C[k] = _C.get(k, 0) + 1``), removing (``pop``, ``clear``: first-call flags), growing it by constants
-  or from itself (``_CALLS.append(1)``), ``next()`` on it, and stores or mutators whose key or value come
+  or from itself (``_CALLS.append(1)``, ``_seen.add_(1)``), ``next()`` on it, and stores or mutators whose key or value come
   from the call's tensors (an output cache) are findings (helper-37's and helper-40's red teams, session
   30). A workspace kept per size (``kept.append(torch.empty(n))``, ``ws[:] = 0``) and a read config table
   are not;
@@ -177,6 +177,9 @@ SHAPE_ATTRS = {"shape", "size", "dim", "numel", "ndimension"}
 """Tensor attributes that give a shape class (E, K, a batch size): a compile cache may key on them when
 what it stores is not built from the call's tensors (no tensor, copy or tensor factory in the value)."""
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "__setitem__", "appendleft", "put"}
+INPLACE_ARITHMETIC = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "pow_", "neg_"}
+"""Tensor methods that update a tensor from its own value: on shared state with constant arguments, a counter
+(``_seen.add_(1)``: helper-41's red team); ``copy_``, ``zero_`` and ``fill_`` (a workspace refilled) are not."""
 REMOVERS = {"pop", "popitem", "clear", "remove", "discard", "popleft"}
 """Methods that take from a container: on state shared by every call, a first-call flag or a counter."""
 CONTAINER_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary",
@@ -347,25 +350,10 @@ class _PyAudit(ast.NodeVisitor):
         f = value.func
         return self._is_cache(f) or (isinstance(f, ast.Call) and self._is_cache(f.func))
 
-    def _cached_object(self, node: ast.AST, depth: int = 0) -> str | None:
-        """The cached function whose shared result ``node`` is (a call of it, a local name bound to one,
-        or a subscript or attribute of either), or ``None``."""
-        while isinstance(node, (ast.Subscript, ast.Attribute)):
-            node = node.value
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.cached_functions \
-                and not self._is_local(node.func.id):
-            return node.func.id
-        if isinstance(node, ast.Name) and node.id in self.aliases and depth < 4:
-            return self._cached_object(self.aliases[node.id], depth + 1)
-        return None
-
     def _shared_state(self, node: ast.AST, depth: int = 0) -> str | None:
         """What state shared by every call of the op ``node`` is part of (words), or ``None``: a module-level
         container (``_C``, ``_C["k"]``), an attribute of a module-level class or function (``_S.cache``), the
         object a cached function hands every caller (``_state()``), reached directly or through local names."""
-        cached = self._cached_object(node)
-        if cached:
-            return f"the object {cached}() caches"
         attrs = 0
         while isinstance(node, (ast.Subscript, ast.Attribute)) or (  # an item: _C["k"], _C.get("k"), _C.setdefault(...)
                 isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -374,6 +362,9 @@ class _PyAudit(ast.NodeVisitor):
                 node = node.func
             attrs += isinstance(node, ast.Attribute) and node.attr not in ("get", "setdefault", "__getitem__")
             node = node.value
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.cached_functions \
+                and not self._is_local(node.func.id):
+            return f"the object {node.func.id}() caches"
         if not isinstance(node, ast.Name):
             return None
         if self._is_local(node.id):
@@ -605,9 +596,8 @@ class _PyAudit(ast.NodeVisitor):
         elif isinstance(target, ast.Name) and aug and self.func_depth and not self._is_local(target.id) \
                 and target.id in self.module_names:
             self.add(node, "global-state", f"updates module-level {target.id}: per-call counter")
-        elif isinstance(target, ast.Name) and aug and self.func_depth and self._shared_state(target):
-            self.add(node, "global-state", f"updates {self._shared_state(target)} in place through {target.id}: "
-                                           "per-call counter or cache")
+        elif isinstance(target, ast.Name) and aug and self.func_depth and (state := self._shared_state(target)):
+            self.add(node, "global-state", f"updates {state} in place through {target.id}: per-call counter or cache")
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for t in node.targets:
@@ -644,9 +634,13 @@ class _PyAudit(ast.NodeVisitor):
         if isinstance(f, ast.Name) and f.id in DANGEROUS_BUILTINS and not self._is_local(f.id) \
                 and f.id not in self.imported and f.id not in self.module_names:
             self.add(node, DANGEROUS_BUILTINS[f.id], f"calls {f.id}()")
+        if isinstance(f, ast.Attribute) and f.attr in INPLACE_ARITHMETIC and self.func_depth \
+                and (state := self._shared_state(f.value)) and all(
+                    _constant(a) or self._reads_state(a, state) for a in [*node.args, *(k.value for k in node.keywords)]):
+            self.add(node, "global-state", f".{f.attr}() on {state} inside a function, by constants or its own value: "
+                                           "a per-call counter")
         if isinstance(f, ast.Attribute) and f.attr in MUTATORS | REMOVERS \
-                and self.func_depth and self._shared_state(f.value):
-            state = self._shared_state(f.value)
+                and self.func_depth and (state := self._shared_state(f.value)):
             args = [*node.args, *(k.value for k in node.keywords)]
             if f.attr in ("setdefault", "__setitem__") and len(node.args) == 2 and not node.keywords \
                     and not self._reads_state(node.args[1], state):
@@ -676,8 +670,8 @@ class _PyAudit(ast.NodeVisitor):
                 self.add(node, "monkeypatch", f"calls {f.id}({node.args[0].id}, ...): reaches {mod}'s attributes by "
                                               "a string, past the rules that name them")
         if isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
-                and self._shared_state(node.args[0]):
-            self.add(node, "global-state", f"next() on {self._shared_state(node.args[0])}: state kept across calls")
+                and (state := self._shared_state(node.args[0])):
+            self.add(node, "global-state", f"next() on {state}: state kept across calls")
         elif isinstance(f, ast.Name) and f.id == "next" and self.func_depth and node.args \
                 and isinstance(node.args[0], ast.Name) and node.args[0].id in self.module_names \
                 and not self._is_local(node.args[0].id):

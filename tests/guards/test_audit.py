@@ -111,6 +111,8 @@ BAD = [
     ("global-state", "def _mk():\n    return {}\n_C = _mk()\n" + SIG + "    _C['n'] = _C.get('n', 0) + 1\n", 5),
     ("global-state", "from ._state import CACHE\n" + SIG + "    CACHE['n'] += 1\n", 3),
     ("global-state", "from . import _state\n" + SIG + "    _state.CALLS.append(1)\n", 3),
+    # helper-41 (brief only): a module tensor bumped in place
+    ("global-state", HEAD + "_seen = torch.zeros(1, dtype=torch.long)\n" + SIG + "    _seen.add_(1)\n", 6),
     ("mutable-default", "def moe_route_dispatch(router_logits, _cache={}, **kw):\n    pass\n", 1),
     ("mutable-default", "def helper(x,\n           _n=[0]):\n    _n[0] += 1\n", 2),
     ("mutable-default", SIG.replace("**kw", "*, _seen=set(), **kw") + "    pass\n", 1),
@@ -189,6 +191,8 @@ HONEST = [
     + "    cnt = _ws(router_logits.shape[0])\n    cnt[:] = 0\n    cnt[:4] = router_logits[0, :4]\n",
     HEAD + "_WORKSPACES = {}\n" + SIG + "    kept = _WORKSPACES.setdefault(router_logits.device, [])\n"
     "    if not kept or kept[-1].numel() < 64:\n        kept.append(torch.empty(64))\n",
+    HEAD + "_WS = torch.empty(64)\n" + SIG + "    _WS.zero_()\n    _WS[:4].copy_(router_logits[0, :4])\n"
+    "    _WS.mul_(router_logits[0, 0])\n",
     # a compile cache imported from the package and read; a module lookup table read
     "from ._kernels import build, CONFIGS\n" + SIG + "    k = build(CONFIGS['default'])\n",
     HEAD + "_LUT = torch.arange(8)\n" + SIG + "    x = _LUT[router_logits.shape[0] % 8]\n",
